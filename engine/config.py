@@ -1,0 +1,81 @@
+"""Static configuration: the model's shape and the engine's knobs.
+
+Both are frozen so a `StepRecord` or a page can hold them without fear of them changing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+from typing import Literal
+
+SchedulerPolicy = Literal["continuous", "static"]
+KernelBackend = Literal["auto", "triton", "torch"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Llama-family architecture. Defaults are SmolLM2-135M-Instruct."""
+
+    vocab_size: int = 49152
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    rope_theta: float = 100000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+    name: str = "SmolLM2-135M-Instruct"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) x layers x KV heads x head dim x bytes (fp32 on the CPU path is 4)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything a page can turn.
+
+    `num_blocks` x `block_size` is the whole KV pool in tokens. `max_num_batched_tokens` is the
+    per-step token budget shared by prefill chunks and decodes (vLLM v1's one rule).
+    """
+
+    block_size: int = 16
+    num_blocks: int = 256
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    policy: SchedulerPolicy = "continuous"
+    chunked_prefill: bool = True
+    enable_prefix_cache: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+    kernel_backend: KernelBackend = "auto"
+    cuda_graphs: bool = False
+    profile_kernels: bool = True
+    weights: Literal["real", "random"] = "real"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EngineConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.policy not in ("continuous", "static"):
+            raise ValueError(f"EngineConfig.policy must be 'continuous' or 'static', got {self.policy!r}")
+        if self.kernel_backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"EngineConfig.kernel_backend must be auto/triton/torch, got {self.kernel_backend!r}")
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,363 @@
+"""`LLMEngine`: add requests, call `step()`, get a `StepRecord` per real iteration.
+
+The engine knows nothing about any UI. A script can call `generate()`; a page calls `step()` and
+keeps the records.
+"""
+from __future__ import annotations
+
+import itertools
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.forward_batch import build_forward_batch
+from engine.kv_pool import KVPool
+from engine.model import LlamaModel
+from engine.sampler import sample_next
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SeqStatus
+from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
+                          ScheduledSeq, StepRecord)
+from engine.weights import LoadedWeights, load_weights
+from kernels.dispatch import Kernels
+
+Prompt = str | list[int] | list[dict]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOutput:
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    samples: tuple[SampleOutput, ...]
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.samples[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.samples[0].text
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        self.weights = weights or load_weights(config.weights, device="cpu")
+        self.model_config = self.weights.config
+        self.tokenizer = self.weights.tokenizer
+        self.kernels = Kernels(config.kernel_backend, self.device, config.profile_kernels)
+        self.model = LlamaModel(self.model_config, self.weights.state_dict, self.kernels, self.device,
+                                self.dtype, config.max_model_len)
+        self.pool = KVPool(self.model_config, config.num_blocks, config.block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.block_manager)
+        if config.enable_prefix_cache:
+            from engine.radix_cache import RadixCache  # only engines that cache pay for it
+
+            self.scheduler.prefix_cache = RadixCache(self.block_manager, decode=self.tokenizer.decode)
+        # Counted from what the forward passes really computed (not from the scheduler's intent).
+        self.counters = {"forward_passes": 0, "prefill_tokens_computed": 0, "decode_tokens_computed": 0,
+                         "prompt_tokens_cached": 0}
+        self.step_index = 0
+        self.clock = 0.0  # engine time: the sum of step wall times, so idle UI time never counts
+        self.sequences: list[Sequence] = []
+        self._ids = itertools.count()
+        self._orders = itertools.count()
+        self._arrival_clock: dict[str, float] = {}
+
+    # ---- requests ---------------------------------------------------------------------------------
+    @property
+    def backend_description(self) -> str:
+        return self.kernels.description
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+
+    def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),
+                    arrival_step: int | None = None, request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError naming the offending field and leaves the engine as it was."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError("prompt must not be empty")
+        ids = self.tokenize(prompt)
+        cfg = self.config
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if len(ids) + params.max_tokens > cfg.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                             f"context length max_model_len={cfg.max_model_len}")
+        if self.block_manager.blocks_for(len(ids) + params.max_tokens) > cfg.num_blocks:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs more KV "
+                             f"blocks than the whole pool has ({cfg.num_blocks} x {cfg.block_size} tokens)")
+        if not cfg.chunked_prefill and len(ids) + params.max_tokens > cfg.max_num_batched_tokens:
+            raise ValueError(f"prompt ({len(ids)} tokens) cannot be prefilled in one step: chunked prefill is "
+                             f"off and max_num_batched_tokens={cfg.max_num_batched_tokens}")
+        arrival = self.step_index if arrival_step is None else int(arrival_step)
+        if arrival < 0:
+            raise ValueError(f"arrival_step must be >= 0, got {arrival_step}")
+        rid = request_id or f"r{next(self._ids)}"
+        if any(s.request_id == rid for s in self.sequences):
+            raise ValueError(f"request_id {rid!r} is already in use")
+        order = next(self._orders)
+        parent = None
+        for i in range(params.n):
+            seq = Sequence(rid, list(ids), len(ids), params, arrival, order, index=i, fork_parent=parent)
+            seq.make_generator()
+            parent = parent or seq
+            self.sequences.append(seq)
+            if i == 0:
+                self.scheduler.add(seq)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        for seq in self.sequences:
+            if seq.request_id == request_id and not seq.finished:
+                self._finish(seq, "aborted")
+
+    def has_work(self) -> bool:
+        return any(not s.finished for s in self.sequences)
+
+    # ---- one iteration ----------------------------------------------------------------------------
+    def step(self) -> StepRecord:
+        t0 = time.perf_counter()
+        step = self.step_index
+        for seq in self.sequences:
+            if seq.arrival_step == step and seq.request_id not in self._arrival_clock:
+                self._arrival_clock[seq.request_id] = self.clock
+        sched = self.scheduler.schedule(step)
+        self.pool.copy_blocks(sched.copies)
+        emitted: list[EmittedToken] = []
+        finished: list[str] = []
+        batch_view: list[ScheduledSeq] = []
+        forward_seconds = 0.0
+        if sched.scheduled:
+            # Fresh prefills (starting at position 0) first: they attend only to their own tokens.
+            order = sorted(sched.scheduled, key=lambda sn: sn[0].num_computed_tokens != 0)
+            fresh, paged, rows, samplers = [], [], [], []
+            row = 0
+            for seq, n in order:
+                start = seq.num_computed_tokens
+                toks = seq.token_ids[start:start + n]
+                slots = self.block_manager.slots(seq.seq_id, start, n)
+                if start == 0:
+                    fresh.append((toks, start, slots))
+                else:
+                    paged.append((toks, start, slots, self.block_manager.tables[seq.seq_id]))
+                row += n
+                if start + n == seq.num_tokens:
+                    rows.append(row - 1)
+                    samplers.append(seq)
+            batch = build_forward_batch(fresh, paged, rows, self.device)
+            tf = time.perf_counter()
+            logits = self.model.forward(batch, self.pool)  # [len(rows), vocab]; may be empty
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            forward_seconds = time.perf_counter() - tf
+            self.counters["forward_passes"] += 1
+            for seq, n in sched.scheduled:
+                phase = "prefill" if seq.in_prefill else "decode"
+                self.counters["prefill_tokens_computed" if phase == "prefill" else "decode_tokens_computed"] += n
+                if phase == "prefill" and seq.num_computed_tokens == seq.num_cached_tokens:
+                    self.counters["prompt_tokens_cached"] += seq.num_cached_tokens
+                seq.num_computed_tokens += n
+                if phase == "prefill" and self.scheduler.prefix_cache is not None:
+                    self.scheduler.prefix_cache.on_computed(seq)  # publish the prompt's computed blocks now
+                batch_view.append(ScheduledSeq(seq.label, seq.seq_id, phase, n, seq.num_computed_tokens,
+                                               seq.num_cached_tokens if phase == "prefill" else 0))
+            wall_so_far = time.perf_counter() - t0
+            for i, seq in enumerate(samplers):
+                self._sample_into(seq, logits[i], step, self.clock + wall_so_far, emitted, finished)
+                for child in self._pending_children(seq):
+                    self._fork(seq, child, logits[i], step, self.clock + wall_so_far, emitted, finished)
+        wall = time.perf_counter() - t0
+        self.clock += wall
+        record = self._record(step, wall, forward_seconds, batch_view, emitted, sched.preempted, finished)
+        self.step_index += 1
+        return record
+
+    def _pending_children(self, parent: Sequence) -> list[Sequence]:
+        if parent.params.n == 1 or parent.index != 0:
+            return []
+        return [s for s in self.sequences if s.fork_parent is parent]
+
+    def _fork(self, parent: Sequence, child: Sequence, logits: torch.Tensor, step: int, now: float,
+              emitted: list[EmittedToken], finished: list[str]) -> None:
+        """n > 1: the child shares the parent's prompt blocks (ref counts) and samples its own token."""
+        child.fork_parent = None
+        child.token_ids = list(parent.token_ids[: parent.prompt_len])
+        child.num_computed_tokens = parent.prompt_len
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        if self.block_manager.num_tokens[child.seq_id] > parent.prompt_len:
+            self.block_manager.truncate(child.seq_id, parent.prompt_len)
+        child.status = SeqStatus.RUNNING
+        self.scheduler.running.append(child)
+        self._sample_into(child, logits, step, now, emitted, finished)
+
+    def _sample_into(self, seq: Sequence, logits: torch.Tensor, step: int, now: float,
+                     emitted: list[EmittedToken], finished: list[str]) -> None:
+        token = sample_next(logits, seq.params, seq.generator)
+        seq.token_ids.append(token)
+        if seq.first_token_step < 0:
+            seq.first_token_step = step
+            seq.first_token_time = now
+        seq.token_times.append(now)
+        emitted.append(EmittedToken(seq.label, seq.seq_id, token, self.tokenizer.decode_token(token)))
+        reason = self._stop_reason(seq, token)
+        if reason:
+            self._finish(seq, reason, step)
+            finished.append(seq.label)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str:
+        p = seq.params
+        if not p.ignore_eos and token in self.model_config.eos_token_ids:
+            return "eos"
+        if p.stop:
+            text = self.tokenizer.decode(seq.output_ids)
+            if any(s in text for s in p.stop):
+                return "stop"
+        if seq.output_len >= p.max_tokens:
+            return "length"
+        return ""
+
+    def _finish(self, seq: Sequence, reason: str, step: int | None = None) -> None:
+        prefix_cache = self.scheduler.prefix_cache
+        if prefix_cache is not None and seq.seq_id in self.block_manager.tables:
+            prefix_cache.on_finish(seq)
+        self.scheduler.finish(seq)
+        self.block_manager.free(seq.seq_id)
+        seq.finish_reason = reason
+        seq.finish_step = self.step_index if step is None else step
+        seq.fork_parent = None
+
+    # ---- records ----------------------------------------------------------------------------------
+    def _record(self, step, wall, forward_seconds, batch_view, emitted, preempted, finished) -> StepRecord:
+        bm = self.block_manager
+        tables = tuple(BlockTableView(s.label, s.seq_id, tuple(bm.tables[s.seq_id]), tuple(bm.block_fills(s.seq_id)))
+                       for s in self.scheduler.running if s.seq_id in bm.tables)
+        return StepRecord(
+            step=step, wall_seconds=wall, forward_seconds=forward_seconds, batch=tuple(batch_view),
+            emitted=tuple(emitted), block_tables=tables, pool=self.pool_summary(),
+            preempted=tuple(s.label for s in preempted), finished=tuple(finished),
+            kernels=self.kernels.timer.drain(), memory=self.memory_split(),
+            requests=tuple(self._request_state(s, step) for s in self.sequences),
+            backend=self.kernels.description,
+            extras=self._extras(),
+        )
+
+    def _extras(self) -> tuple:
+        extras = [("counters", dict(self.counters))]
+        if self.scheduler.prefix_cache is not None:
+            extras.append(("radix", self.scheduler.prefix_cache.snapshot()))
+        return tuple(extras)
+
+    def _request_state(self, seq: Sequence, step: int) -> RequestState:
+        if seq.finished:
+            status = "finished"
+        elif seq.status == SeqStatus.RUNNING:
+            status = "prefill" if seq.in_prefill else "decode"
+        else:
+            status = "preempted" if seq.num_preemptions else "waiting"
+        arrival = self._arrival_clock.get(seq.request_id)
+        ttft = seq.first_token_time - arrival if seq.first_token_time >= 0 and arrival is not None else -1.0
+        times = seq.token_times
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else -1.0
+        return RequestState(seq.label, status, seq.prompt_len, seq.output_len, seq.num_computed_tokens,
+                            seq.arrival_step, seq.first_token_step, seq.finish_step, seq.num_preemptions,
+                            seq.finish_reason, ttft, tpot,
+                            self.tokenizer.decode(seq.output_ids) if seq.output_len else "")
+
+    def pool_summary(self) -> PoolSummary:
+        bm, bs = self.block_manager, self.config.block_size
+        fill = [0] * bm.num_blocks
+        owners: list[set[str]] = [set() for _ in range(bm.num_blocks)]
+        label = {s.seq_id: s.label for s in self.sequences}
+        for sid, table in bm.tables.items():
+            for b, f in zip(table, bm.block_fills(sid)):
+                fill[b] = max(fill[b], f)
+                owners[b].add(label.get(sid, str(sid)))
+        cache_refs = self.scheduler.prefix_cache.block_refs() if self.scheduler.prefix_cache else {}
+        for b in cache_refs:
+            fill[b] = bs
+        used = [b for b in range(bm.num_blocks) if bm.ref_counts[b] > 0]
+        allocated = len(used) * bs
+        filled = sum(fill[b] for b in used)
+        live = [s for s in self.scheduler.running if s.seq_id in bm.tables]
+        reserved = len(live) * self.config.max_model_len
+        live_tokens = sum(bm.num_tokens[s.seq_id] for s in live)
+
+        def owner(b: int) -> str:
+            if not owners[b]:
+                return "cache" if b in cache_refs else ""
+            return next(iter(owners[b])) if len(owners[b]) == 1 else "shared"
+
+        return PoolSummary(
+            num_blocks=bm.num_blocks, block_size=bs, used_blocks=len(used), free_blocks=bm.num_free_blocks,
+            cached_blocks=sum(1 for b in used if not owners[b]), allocated_tokens=allocated,
+            filled_tokens=filled, internal_waste_tokens=allocated - filled,
+            contiguous_reserved_tokens=reserved, contiguous_waste_tokens=reserved - live_tokens,
+            ref_counts=tuple(bm.ref_counts), owners=tuple(owner(b) for b in range(bm.num_blocks)),
+        )
+
+    def memory_split(self) -> MemorySplit:
+        w, kv = self.model.weight_bytes, self.pool.nbytes
+        if self.device.type == "cuda":
+            other = max(torch.cuda.max_memory_allocated(self.device) - w - kv, 0)
+        else:
+            other = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - w - kv, 0)
+        return MemorySplit(w, kv, int(other))
+
+    # ---- scripts ----------------------------------------------------------------------------------
+    def generate(self, prompts: list[Prompt] | Prompt, params: SamplingParams | list[SamplingParams] = SamplingParams(),
+                 max_steps: int = 100_000) -> list[GenerationResult]:
+        """Run until these requests finish; returns results in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], (int, dict))):
+            prompts = [prompts]
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        for _ in range(max_steps):
+            if not any(not s.finished for s in self.sequences if s.request_id in rids):
+                break
+            self.step()
+        return [self.result(r) for r in rids]
+
+    def result(self, request_id: str) -> GenerationResult:
+        seqs = sorted((s for s in self.sequences if s.request_id == request_id), key=lambda s: s.index)
+        if not seqs:
+            raise KeyError(request_id)
+        samples = tuple(SampleOutput(tuple(s.output_ids), self._text(s), s.finish_reason) for s in seqs)
+        return GenerationResult(request_id, tuple(seqs[0].token_ids[: seqs[0].prompt_len]), samples)
+
+    def _text(self, seq: Sequence) -> str:
+        ids = seq.output_ids
+        if seq.finish_reason == "eos":
+            ids = ids[:-1]  # the end-of-turn marker is a control token, not text
+        text = self.tokenizer.decode(ids)
+        for s in seq.params.stop:
+            if s in text:
+                text = text[: text.index(s)]
+        return text

@@ -1,0 +1,91 @@
+"""The packed, unpadded batch one forward pass consumes.
+
+Rows are ordered: first the sequences prefilling from position 0 (attention over their own new
+tokens only, the FlashAttention varlen path), then every other sequence (decode tokens and prefill
+chunks continuing a cached prefix, read through block tables by paged attention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64 (-1 = padding row, nothing stored)
+    # fresh-prefill section: rows [0, num_fresh_tokens)
+    num_fresh_tokens: int
+    fresh_cu_seqlens: torch.Tensor  # [Bf + 1] int32
+    fresh_max_len: int
+    fresh_lens: tuple[int, ...]
+    # paged section: rows [num_fresh_tokens, T)
+    block_tables: torch.Tensor  # [Bp, max_blocks] int32
+    seq_lens: torch.Tensor  # [Bp] int32: context length including this step's tokens
+    query_start_loc: torch.Tensor  # [Bp + 1] int32, relative to the paged section
+    max_query_len: int
+    max_seq_len: int
+    q_lens: tuple[int, ...]
+    ctx_lens: tuple[int, ...]
+    logits_indices: torch.Tensor  # [S] rows whose next-token logits are needed
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_paged_seqs(self) -> int:
+        return len(self.q_lens)
+
+
+def build_forward_batch(
+    fresh: list[tuple[list[int], int, list[int]]],  # (token ids, start position, slots) per sequence
+    paged: list[tuple[list[int], int, list[int], list[int]]],  # (+ block table) per sequence
+    logits_rows: list[int],
+    device: torch.device,
+) -> ForwardBatch:
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    cu = [0]
+    for tokens, start, sl in fresh:
+        ids += tokens
+        pos += range(start, start + len(tokens))
+        slots += sl
+        cu.append(cu[-1] + len(tokens))
+    qsl = [0]
+    q_lens, ctx_lens, tables = [], [], []
+    for tokens, start, sl, table in paged:
+        ids += tokens
+        pos += range(start, start + len(tokens))
+        slots += sl
+        qsl.append(qsl[-1] + len(tokens))
+        q_lens.append(len(tokens))
+        ctx_lens.append(start + len(tokens))
+        tables.append(table)
+    max_blocks = max((len(t) for t in tables), default=1)
+    bt = torch.zeros((len(tables), max(max_blocks, 1)), dtype=torch.int32)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    i32 = dict(dtype=torch.int32, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    fresh_lens = tuple(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, **i64),
+        positions=torch.tensor(pos, **i64),
+        slot_mapping=torch.tensor(slots, **i64),
+        num_fresh_tokens=cu[-1],
+        fresh_cu_seqlens=torch.tensor(cu, **i32),
+        fresh_max_len=max(fresh_lens, default=0),
+        fresh_lens=fresh_lens,
+        block_tables=bt.to(device),
+        seq_lens=torch.tensor(ctx_lens, **i32),
+        query_start_loc=torch.tensor(qsl, **i32),
+        max_query_len=max(q_lens, default=0),
+        max_seq_len=max(ctx_lens, default=0),
+        q_lens=tuple(q_lens),
+        ctx_lens=tuple(ctx_lens),
+        logits_indices=torch.tensor(logits_rows, **i64),
+    )

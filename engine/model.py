@@ -1,0 +1,122 @@
+"""Our own Llama forward pass over a packed, unpadded batch reading and writing the paged KV pool.
+
+RMSNorm -> fused QKV -> RoPE -> store K/V by slot mapping -> attention (varlen FlashAttention for
+fresh prefills, paged attention for decodes and continuing chunks) -> O proj -> RMSNorm -> SwiGLU.
+Tied embeddings: the LM head is the embedding matrix. Every stage runs through `Kernels` or
+`Kernels.timer`, so a step's record says where the time went.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.forward_batch import ForwardBatch
+from engine.kv_pool import KVPool
+from kernels.dispatch import Kernels
+
+
+def rope_cache(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)
+    return freqs.cos().float().to(device), freqs.sin().float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos/sin: [T, D/2]. Hugging Face's rotate-half layout (first half, second half)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], kernels: Kernels,
+                 device: torch.device, dtype: torch.dtype, max_len: int) -> None:
+        self.cfg, self.kernels, self.device, self.dtype = cfg, kernels, device, dtype
+        sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
+        self.embed = sd["model.embed_tokens.weight"]
+        self.final_norm = sd["model.norm.weight"]
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(dict(
+                attn_norm=sd[p + "input_layernorm.weight"],
+                # Fused projections: one matmul instead of three (QKV) and two (gate, up).
+                qkv=torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).contiguous(),
+                o=sd[p + "self_attn.o_proj.weight"],
+                mlp_norm=sd[p + "post_attention_layernorm.weight"],
+                gate_up=torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]).contiguous(),
+                down=sd[p + "mlp.down_proj.weight"],
+            ))
+        self.cos, self.sin = rope_cache(cfg, max_len, device)
+        self.scale = cfg.head_dim ** -0.5
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in sd.values())
+
+    # ---- pieces ------------------------------------------------------------------------------------
+    def _rmsnorm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)).to(x.dtype) * w
+
+    def _linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        t = self.kernels.timer
+        flops = 2 * x.shape[0] * w.shape[0] * w.shape[1]
+        nbytes = (w.numel() + x.numel() + x.shape[0] * w.shape[0]) * x.element_size()
+        with t.timed(name, "torch", flops, nbytes):
+            return F.linear(x, w)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch,
+                  pool: KVPool) -> torch.Tensor:
+        k_cache, v_cache = pool.layer(layer)
+        self.kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        nf = batch.num_fresh_tokens
+        if nf == q.shape[0]:
+            return self.kernels.prefill_attention(q, k, v, batch.fresh_cu_seqlens, batch.fresh_max_len,
+                                                  self.scale, batch.fresh_lens)
+        paged_out = self.kernels.paged_attention(
+            q[nf:], k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            batch.max_query_len, batch.max_seq_len, self.scale, batch.q_lens, batch.ctx_lens)
+        if nf == 0:
+            return paged_out
+        fresh_out = self.kernels.prefill_attention(q[:nf], k[:nf], v[:nf], batch.fresh_cu_seqlens,
+                                                   batch.fresh_max_len, self.scale, batch.fresh_lens)
+        return torch.cat([fresh_out, paged_out])
+
+    # ---- the pass ----------------------------------------------------------------------------------
+    def hidden_states(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Run every layer; returns the final-normed hidden state of every row [T, hidden]."""
+        cfg, t = self.cfg, self.kernels.timer
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        n = batch.num_tokens
+        with t.timed("embedding", "torch", 0, n * cfg.hidden_size * self.embed.element_size()):
+            h = self.embed[batch.input_ids]
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        for i, L in enumerate(self.layers):
+            with t.timed("rmsnorm", "torch", 4 * h.numel(), 2 * h.numel() * h.element_size()):
+                x = self._rmsnorm(h, L["attn_norm"])
+            qkv = self._linear("linear.qkv", x, L["qkv"])
+            q = qkv[:, : hq * d].view(n, hq, d)
+            k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d)
+            v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
+            with t.timed("rope", "torch", 6 * (q.numel() + k.numel()), 2 * (q.numel() + k.numel()) * q.element_size()):
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            attn = self.attention(q, k, v.contiguous(), i, batch, pool)
+            h = h + self._linear("linear.o", attn.reshape(n, hq * d), L["o"])
+            with t.timed("rmsnorm", "torch", 4 * h.numel(), 2 * h.numel() * h.element_size()):
+                x = self._rmsnorm(h, L["mlp_norm"])
+            gu = self._linear("linear.gate_up", x, L["gate_up"])
+            gate, up = gu.chunk(2, dim=-1)
+            with t.timed("silu_mul", "torch", 5 * gate.numel(), 3 * gate.numel() * gate.element_size()):
+                act = F.silu(gate) * up
+            h = h + self._linear("linear.down", act, L["down"])
+        with t.timed("rmsnorm", "torch", 4 * h.numel(), 2 * h.numel() * h.element_size()):
+            return self._rmsnorm(h, self.final_norm)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._linear("lm_head", hidden, self.embed).float()
+
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Logits [S, vocab] for the rows in `batch.logits_indices` only (the LM head is 1/4 of the
+        model's FLOPs per token, so prompt rows that sample nothing skip it)."""
+        hidden = self.hidden_states(batch, pool)
+        return self.logits(hidden[batch.logits_indices])

@@ -1,0 +1,102 @@
+"""The one place that picks an implementation for each kernel family and times every call.
+
+`backend="auto"` means Triton on CUDA and the torch reference elsewhere; a page can force either to
+compare them. Triton on the CPU only works under TRITON_INTERPRET=1 (tests at small shapes).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Callable
+
+import torch
+
+from kernels.kv_store_ref import store_kv_ref
+from kernels.paged_attention_ref import paged_attention_ref
+from kernels.prefill_attention_ref import flash_attention_varlen_ref
+from kernels.timing import KernelTimer
+
+# family -> (module, function) of the Triton implementation, imported lazily so the CPU path never
+# needs a working Triton install.
+_TRITON_IMPLS: dict[str, tuple[str, str]] = {
+    "store_kv": ("kernels.kv_store_triton", "store_kv_triton"),
+    "prefill_attention": ("kernels.prefill_attention_triton", "flash_attention_varlen_triton"),
+    "paged_attention": ("kernels.paged_attention_triton", "paged_attention_triton"),
+}
+_REF_IMPLS: dict[str, Callable] = {
+    "store_kv": store_kv_ref,
+    "prefill_attention": flash_attention_varlen_ref,
+    "paged_attention": paged_attention_ref,
+}
+
+
+def triton_usable(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    if requested == "torch":
+        return "torch"
+    if requested == "triton":
+        if not triton_usable(device):
+            raise ValueError(f"kernel_backend='triton' needs CUDA (or TRITON_INTERPRET=1); device is {device}")
+        return "triton"
+    return "triton" if device.type == "cuda" and triton_usable(device) else "torch"
+
+
+class Kernels:
+    """Kernel families behind one object; every call is timed and counted into `timer`."""
+
+    def __init__(self, backend: str, device: torch.device, profile: bool = True) -> None:
+        self.device = torch.device(device)
+        self.backend = resolve_backend(backend, self.device)
+        self.timer = KernelTimer(self.device, enabled=profile)
+        self._impls = {name: self._load(name) for name in _REF_IMPLS}
+
+    def _load(self, family: str) -> Callable:
+        if self.backend == "torch":
+            return _REF_IMPLS[family]
+        module, fn = _TRITON_IMPLS[family]
+        try:
+            return getattr(importlib.import_module(module), fn)
+        except (ImportError, AttributeError):
+            # A family without a Triton kernel yet keeps the reference (the timing label says so).
+            return _REF_IMPLS[family]
+
+    def label(self, family: str) -> str:
+        return "triton" if self._impls[family] is not _REF_IMPLS[family] else "torch"
+
+    @property
+    def description(self) -> str:
+        if self.backend == "torch":
+            where = "CPU" if self.device.type == "cpu" else str(self.device)
+            return f"torch reference kernels on {where}"
+        return f"Triton kernels on {torch.cuda.get_device_name(self.device) if self.device.type == 'cuda' else 'CPU (interpreter)'}"
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        t, h, d = k.shape
+        nbytes = 4 * t * h * d * k.element_size()  # read k, v; write both into the pool
+        with self.timer.timed("kv_store", self.label("store_kv"), 0.0, nbytes):
+            self._impls["store_kv"](k, v, k_cache, v_cache, slot_mapping)
+
+    def prefill_attention(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float, seq_lens: list[int]):
+        hq, d = q.shape[1], q.shape[2]
+        # Causal: about half the L x L score matrix, 2 matmuls of 2 FLOPs per multiply-add.
+        flops = sum(2 * 2 * hq * d * (n * (n + 1) / 2) for n in seq_lens)
+        nbytes = (2 * q.numel() + 2 * k.numel()) * q.element_size()
+        with self.timer.timed("attention.prefill", self.label("prefill_attention"), flops, nbytes):
+            return self._impls["prefill_attention"](q, k, v, cu_seqlens, max_seqlen, scale)
+
+    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                        max_query_len: int, max_seq_len: int, scale: float,
+                        q_lens: list[int], ctx_lens: list[int]):
+        hq, d = q.shape[1], q.shape[2]
+        hkv = k_cache.shape[2]
+        flops = sum(2 * 2 * hq * d * ql * cl for ql, cl in zip(q_lens, ctx_lens))
+        nbytes = (2 * q.numel() + 2 * hkv * d * sum(ctx_lens)) * q.element_size()
+        name = "attention.decode" if max_query_len == 1 else "attention.paged"
+        with self.timer.timed(name, self.label("paged_attention"), flops, nbytes):
+            return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens,
+                                                  query_start_loc, max_query_len, max_seq_len, scale)

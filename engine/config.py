@@ -61,6 +61,9 @@ class EngineConfig:
     cuda_graphs: bool = False
     profile_kernels: bool = True
     weights: Literal["real", "random"] = "real"
+    # "light" drops the per-block pool picture, block tables and per-request states from each
+    # StepRecord: benchmarks with hundreds of requests and thousands of blocks need only timings.
+    trace_detail: Literal["full", "light"] = "full"
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -69,6 +69,14 @@ class LLMEngine:
             from engine.radix_cache import RadixCache  # only engines that cache pay for it
 
             self.scheduler.prefix_cache = RadixCache(self.block_manager, decode=self.tokenizer.decode)
+        self.graph_runner = None
+        if config.cuda_graphs:
+            if self.device.type != "cuda" or self.kernels.backend != "triton":
+                raise ValueError("cuda_graphs needs device='cuda' and the Triton kernels "
+                                 "(the torch reference path syncs with the host)")
+            from engine.cuda_graphs import DecodeGraphRunner
+
+            self.graph_runner = DecodeGraphRunner(self.model, self.pool, config.max_model_len, config.block_size)
         # Counted from what the forward passes really computed (not from the scheduler's intent).
         self.counters = {"forward_passes": 0, "prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "prompt_tokens_cached": 0}
@@ -174,7 +182,7 @@ class LLMEngine:
                     samplers.append(seq)
             batch = build_forward_batch(fresh, paged, rows, self.device)
             tf = time.perf_counter()
-            logits = self.model.forward(batch, self.pool)  # [len(rows), vocab]; may be empty
+            logits = self._forward(batch)  # [len(rows), vocab]; may be empty
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forward_seconds = time.perf_counter() - tf
@@ -190,8 +198,11 @@ class LLMEngine:
                 batch_view.append(ScheduledSeq(seq.label, seq.seq_id, phase, n, seq.num_computed_tokens,
                                                seq.num_cached_tokens if phase == "prefill" else 0))
             wall_so_far = time.perf_counter() - t0
+            # One argmax and one device-to-host copy for every greedy row, not one per row.
+            greedy = logits.argmax(-1).tolist() if logits.shape[0] else []
             for i, seq in enumerate(samplers):
-                self._sample_into(seq, logits[i], step, self.clock + wall_so_far, emitted, finished)
+                self._sample_into(seq, logits[i], step, self.clock + wall_so_far, emitted, finished,
+                                  greedy[i] if seq.params.greedy else None)
                 for child in self._pending_children(seq):
                     self._fork(seq, child, logits[i], step, self.clock + wall_so_far, emitted, finished)
         wall = time.perf_counter() - t0
@@ -218,9 +229,20 @@ class LLMEngine:
         self.scheduler.running.append(child)
         self._sample_into(child, logits, step, now, emitted, finished)
 
+    def _forward(self, batch) -> torch.Tensor:
+        runner = self.graph_runner
+        if (runner is not None and batch.num_fresh_tokens == 0 and batch.max_query_len == 1
+                and runner.bucket_for(batch.num_tokens) is not None):
+            t0 = time.perf_counter()
+            logits = runner.run(batch)
+            self.kernels.timer.add_cuda_region("decode (CUDA graph replay)", "cuda-graph", t0)
+            return logits
+        return self.model.forward(batch, self.pool)
+
     def _sample_into(self, seq: Sequence, logits: torch.Tensor, step: int, now: float,
-                     emitted: list[EmittedToken], finished: list[str]) -> None:
-        token = sample_next(logits, seq.params, seq.generator)
+                     emitted: list[EmittedToken], finished: list[str], token: int | None = None) -> None:
+        if token is None:
+            token = sample_next(logits, seq.params, seq.generator)
         seq.token_ids.append(token)
         if seq.first_token_step < 0:
             seq.first_token_step = step
@@ -257,6 +279,13 @@ class LLMEngine:
     # ---- records ----------------------------------------------------------------------------------
     def _record(self, step, wall, forward_seconds, batch_view, emitted, preempted, finished) -> StepRecord:
         bm = self.block_manager
+        if self.config.trace_detail == "light":
+            return StepRecord(
+                step=step, wall_seconds=wall, forward_seconds=forward_seconds, batch=tuple(batch_view),
+                emitted=tuple(emitted), block_tables=(), pool=self._light_pool_summary(),
+                preempted=tuple(s.label for s in preempted), finished=tuple(finished),
+                kernels=self.kernels.timer.drain(), memory=self.memory_split(), requests=(),
+                backend=self.kernels.description, extras=(("counters", dict(self.counters)),))
         tables = tuple(BlockTableView(s.label, s.seq_id, tuple(bm.tables[s.seq_id]), tuple(bm.block_fills(s.seq_id)))
                        for s in self.scheduler.running if s.seq_id in bm.tables)
         return StepRecord(
@@ -322,6 +351,13 @@ class LLMEngine:
             contiguous_reserved_tokens=reserved, contiguous_waste_tokens=reserved - live_tokens,
             ref_counts=tuple(bm.ref_counts), owners=tuple(owner(b) for b in range(bm.num_blocks)),
         )
+
+    def _light_pool_summary(self) -> PoolSummary:
+        bm, bs = self.block_manager, self.config.block_size
+        used = bm.num_used_blocks
+        filled = sum(bm.num_tokens.values())
+        return PoolSummary(bm.num_blocks, bs, used, bm.num_free_blocks, 0, used * bs, filled,
+                           used * bs - filled, 0, 0, (), ())
 
     def memory_split(self) -> MemorySplit:
         w, kv = self.model.weight_bytes, self.pool.nbytes

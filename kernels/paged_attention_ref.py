@@ -45,13 +45,14 @@ def paged_attention_ref(
         if b in done or e == s:
             continue
         length, q_len = lens[b], e - s
-        kb = _gather_context(k_cache, block_tables[b], length).transpose(0, 1).repeat_interleave(group, 0)
-        vb = _gather_context(v_cache, block_tables[b], length).transpose(0, 1).repeat_interleave(group, 0)
+        kb = _gather_context(k_cache, block_tables[b], length).transpose(0, 1)
+        vb = _gather_context(v_cache, block_tables[b], length).transpose(0, 1)
         qb = q[s:e].transpose(0, 1)
         # Row j may see keys up to position length - q_len + j.
         pos_q = torch.arange(length - q_len, length, device=q.device)[:, None]
         pos_k = torch.arange(length, device=q.device)[None, :]
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=pos_k <= pos_q, scale=scale)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=pos_k <= pos_q, scale=scale,
+                                            enable_gqa=group > 1)
         out[s:e] = ob.transpose(0, 1)
     return out
 
@@ -66,10 +67,10 @@ def _batched_decode(q, k_cache, v_cache, block_tables, rows, starts, lens, scale
     tables = block_tables[idx, :n_blocks].long()  # [R, n_blocks]
     kb = k_cache[tables].flatten(1, 2)[:, :max_len]  # [R, L, Hkv, D]
     vb = v_cache[tables].flatten(1, 2)[:, :max_len]
-    kb = kb.transpose(1, 2).repeat_interleave(group, 1)  # [R, Hq, L, D]
-    vb = vb.transpose(1, 2).repeat_interleave(group, 1)
+    kb = kb.transpose(1, 2)  # [R, Hkv, L, D]; SDPA broadcasts each KV head over its query group
+    vb = vb.transpose(1, 2)
     q_rows = torch.tensor([starts[b] for b in rows], device=q.device)
     qb = q[q_rows].unsqueeze(2)  # [R, Hq, 1, D]
     mask = (torch.arange(max_len, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
-    ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+    ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=group > 1)
     out[q_rows] = ob.squeeze(2)

@@ -25,8 +25,8 @@ def flash_attention_varlen_ref(
         if e == s:
             continue
         qb = q[s:e].transpose(0, 1)  # [Hq, L, D]
-        kb = k[s:e].transpose(0, 1).repeat_interleave(group, dim=0)
-        vb = v[s:e].transpose(0, 1).repeat_interleave(group, dim=0)
-        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        kb = k[s:e].transpose(0, 1)
+        vb = v[s:e].transpose(0, 1)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=group > 1)
         out[s:e] = ob.transpose(0, 1)
     return out

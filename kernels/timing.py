@@ -57,6 +57,12 @@ class KernelTimer:
         if self.enabled:
             self._pending.append(_Pending(name, backend, float(flops), float(nbytes), seconds))
 
+    def add_cuda_region(self, name: str, backend: str, host_start: float) -> None:
+        """A region whose work is already queued (a graph replay): time it by synchronising."""
+        if self.enabled:
+            torch.cuda.synchronize(self.device)
+            self._pending.append(_Pending(name, backend, 0.0, 0.0, time.perf_counter() - host_start))
+
     def drain(self) -> tuple[KernelTiming, ...]:
         """Aggregate everything since the last drain by (name, backend)."""
         if not self._pending:

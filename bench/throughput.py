@@ -1,0 +1,148 @@
+"""Engine vs Hugging Face `generate` (padded static batches) on the same mixed-length requests.
+
+Both are credited only with the tokens each request asked for; HF's padded batches also decode
+past a request's own limit until the longest in its batch is done, which is the waste continuous
+batching removes. Prints a table and writes JSON.
+
+    python bench/throughput.py                                   # CPU, real model, 16 requests
+    python bench/throughput.py --device cuda --weights random --num-requests 256 --batch1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workload import BenchRequest, mixed_requests  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.weights import hf_reference_model, load_weights  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str) -> dict:
+    max_len = max(len(r.prompt_ids) + r.max_tokens for r in reqs)
+    max_len = 1 << (max_len - 1).bit_length()
+    tokens_needed = sum(len(r.prompt_ids) + r.max_tokens for r in reqs)
+    cfg = EngineConfig(
+        device=args.device, dtype=args.dtype, weights=args.weights, cuda_graphs=cuda_graphs,
+        num_blocks=-(-tokens_needed // 16) + len(reqs) + 8, block_size=16, max_num_seqs=max(len(reqs), 1),
+        max_num_batched_tokens=args.budget, max_model_len=max_len, profile_kernels=False, trace_detail="light",
+    )
+    engine = LLMEngine(cfg, weights)
+    # Warm up (Triton compilation, graph capture) on a throwaway request.
+    engine.generate(list(reqs[0].prompt_ids[:8]), SamplingParams(max_tokens=4, ignore_eos=True))
+    if cuda_graphs and engine.graph_runner is not None:
+        for b in engine.graph_runner.buckets:
+            if b <= len(reqs):
+                engine.graph_runner.run(_dummy_decode(engine, b))
+    _sync(args.device)
+    t0 = time.perf_counter()
+    for r in reqs:
+        engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    _sync(args.device)
+    secs = time.perf_counter() - t0
+    useful = sum(r.max_tokens for r in reqs)
+    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=steps)
+
+
+def _dummy_decode(engine: LLMEngine, n: int):
+    from engine.forward_batch import build_forward_batch
+    paged = [([1], 0, [-1], [0]) for _ in range(n)]
+    return build_forward_batch([], paged, list(range(n)), engine.device)
+
+
+def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str) -> dict:
+    dtype = getattr(torch, args.dtype)
+    model = hf_reference_model(weights).to(device=args.device, dtype=dtype).eval()
+    pad = 0
+    with torch.no_grad():
+        warm = torch.tensor([list(reqs[0].prompt_ids[:8])], device=args.device)
+        model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
+        _sync(args.device)
+        t0 = time.perf_counter()
+        for i in range(0, len(reqs), batch_size):
+            chunk = reqs[i:i + batch_size]
+            width = max(len(r.prompt_ids) for r in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, r in enumerate(chunk):  # left padding, as generation needs
+                ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+                mask[j, width - len(r.prompt_ids):] = 1
+            model.generate(ids.to(args.device), attention_mask=mask.to(args.device), do_sample=False,
+                           max_new_tokens=max(r.max_tokens for r in chunk), min_new_tokens=max(r.max_tokens for r in chunk),
+                           pad_token_id=pad)
+        _sync(args.device)
+        secs = time.perf_counter() - t0
+    useful = sum(r.max_tokens for r in reqs)
+    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--weights", default="real", choices=["real", "random"])
+    ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--num-requests", type=int, default=16)
+    ap.add_argument("--hf-batch", type=int, default=0, help="HF static batch size (default: all at once)")
+    ap.add_argument("--budget", type=int, default=0, help="engine token budget per step (default 512 CPU / 8192 GPU)")
+    ap.add_argument("--batch1", action="store_true", help="also measure one request alone (decode speed)")
+    ap.add_argument("--batch1-tokens", type=int, default=256)
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    args.budget = args.budget or (8192 if cuda else 512)
+    weights = load_weights(args.weights)
+    reqs = mixed_requests(args.num_requests)
+    rows = []
+    if args.batch1:
+        one = [BenchRequest(reqs[0].prompt_ids[:32], args.batch1_tokens)]
+        if cuda:
+            rows.append(dict(run_engine(weights, one, args, True, "engine batch 1 (CUDA graphs)"), workload="batch 1"))
+        rows.append(dict(run_engine(weights, one, args, False, "engine batch 1 (eager)"), workload="batch 1"))
+        if not args.no_hf:
+            hf_one = [BenchRequest(one[0].prompt_ids, min(args.batch1_tokens, 64))]
+            rows.append(dict(run_hf(weights, hf_one, args, 1, "HF generate batch 1"), workload="batch 1"))
+    wl = f"{len(reqs)} mixed requests"
+    if cuda:
+        rows.append(dict(run_engine(weights, reqs, args, True, "engine (continuous, CUDA graphs)"), workload=wl))
+    rows.append(dict(run_engine(weights, reqs, args, False, "engine (continuous, eager)"), workload=wl))
+    if not args.no_hf:
+        bs = args.hf_batch or len(reqs)
+        rows.append(dict(run_hf(weights, reqs, args, bs, f"HF generate (padded static batches of {bs})"), workload=wl))
+    base = {r["workload"]: r["tok_per_s"] for r in rows if r["system"].startswith("HF")}
+    print(f"\ndevice={args.device} ({torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'}) "
+          f"weights={args.weights} dtype={args.dtype} torch={torch.__version__}")
+    print(f"{'workload':<22} {'system':<44} {'tokens':>7} {'seconds':>8} {'tok/s':>9} {'vs HF':>6}")
+    for r in rows:
+        ratio = r["tok_per_s"] / base[r["workload"]] if r["workload"] in base else float("nan")
+        r["speedup_vs_hf"] = ratio
+        print(f"{r['workload']:<22} {r['system']:<44} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
+              f"{r['tok_per_s']:>9.1f} {ratio:>6.2f}")
+    out = Path(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(device=args.device, weights=args.weights, dtype=args.dtype,
+                                   torch=torch.__version__, rows=rows), indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

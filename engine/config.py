@@ -27,7 +27,7 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     bos_token_id: int = 1
-    eos_token_ids: tuple[int, ...] = (2,)
+    eos_token_ids: tuple[int, ...] = (2, 0)  # <|im_end|> ends a ChatML turn; <|endoftext|> as backstop
     name: str = "SmolLM2-135M-Instruct"
 
     @property

@@ -35,6 +35,8 @@ class DecodeGraphRunner:
         self.block_tables = torch.zeros((b, self.max_blocks), dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(b, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
+        self.row_ids = torch.arange(b, device=dev)
+        self.no_fresh = torch.zeros(1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.mempool = torch.cuda.graph_pool_handle()
@@ -44,14 +46,15 @@ class DecodeGraphRunner:
         return next((b for b in self.buckets if b >= batch_size), None)
 
     def _batch(self, n: int) -> ForwardBatch:
-        empty = torch.zeros(1, dtype=torch.int32, device=self.model.device)
+        # Every tensor here must outlive the graph: a replay reads these very addresses, and a
+        # temporary freed after capture would be handed to someone else by the caching allocator.
         return ForwardBatch(
             input_ids=self.input_ids[:n], positions=self.positions[:n], slot_mapping=self.slot_mapping[:n],
-            num_fresh_tokens=0, fresh_cu_seqlens=empty, fresh_max_len=0, fresh_lens=(),
+            num_fresh_tokens=0, fresh_cu_seqlens=self.no_fresh, fresh_max_len=0, fresh_lens=(),
             block_tables=self.block_tables[:n], seq_lens=self.seq_lens[:n],
             query_start_loc=self.query_start_loc[: n + 1], max_query_len=1, max_seq_len=self.max_model_len,
             q_lens=(1,) * n, ctx_lens=(1,) * n,
-            logits_indices=torch.arange(n, device=self.model.device),
+            logits_indices=self.row_ids[:n],
         )
 
     def _capture(self, n: int) -> None:

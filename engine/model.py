@@ -83,15 +83,16 @@ class LlamaModel:
         return torch.cat([fresh_out, paged_out])
 
     # ---- the pass ----------------------------------------------------------------------------------
-    def hidden_states(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
-        """Run every layer; returns the final-normed hidden state of every row [T, hidden]."""
+    def hidden_states(self, batch: ForwardBatch, pool: KVPool, num_layers: int | None = None) -> torch.Tensor:
+        """Run every layer (or only the first `num_layers`: the early-exit drafter); returns the
+        final-normed hidden state of every row [T, hidden]."""
         cfg, t = self.cfg, self.kernels.timer
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         n = batch.num_tokens
         with t.timed("embedding", "torch", 0, n * cfg.hidden_size * self.embed.element_size()):
             h = self.embed[batch.input_ids]
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
-        for i, L in enumerate(self.layers):
+        for i, L in enumerate(self.layers[:num_layers]):
             with t.timed("rmsnorm", "torch", 4 * h.numel(), 2 * h.numel() * h.element_size()):
                 x = self._rmsnorm(h, L["attn_norm"])
             qkv = self._linear("linear.qkv", x, L["qkv"])
@@ -100,7 +101,7 @@ class LlamaModel:
             v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
             with t.timed("rope", "torch", 6 * (q.numel() + k.numel()), 2 * (q.numel() + k.numel()) * q.element_size()):
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            attn = self.attention(q, k, v.contiguous(), i, batch, pool)
+            attn = self.attention(q, k, v, i, batch, pool)
             h = h + self._linear("linear.o", attn.reshape(n, hq * d), L["o"])
             with t.timed("rmsnorm", "torch", 4 * h.numel(), 2 * h.numel() * h.element_size()):
                 x = self._rmsnorm(h, L["mlp_norm"])
@@ -115,8 +116,8 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._linear("lm_head", hidden, self.embed).float()
 
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pool: KVPool, num_layers: int | None = None) -> torch.Tensor:
         """Logits [S, vocab] for the rows in `batch.logits_indices` only (the LM head is 1/4 of the
         model's FLOPs per token, so prompt rows that sample nothing skip it)."""
-        hidden = self.hidden_states(batch, pool)
+        hidden = self.hidden_states(batch, pool, num_layers)
         return self.logits(hidden[batch.logits_indices])

@@ -16,6 +16,11 @@ from kernels.paged_attention_ref import paged_attention_ref
 from kernels.prefill_attention_ref import flash_attention_varlen_ref
 from kernels.timing import KernelTimer
 
+# fp32 runs are the exactness reference (the same tokens as the torch path), so fp32 dots inside
+# our Triton kernels use full IEEE fp32 instead of Triton's TF32 default. bf16/fp16 dots (the fast
+# path) are unaffected. Read by Triton when it compiles a kernel.
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+
 # family -> (module, function) of the Triton implementation, imported lazily so the CPU path never
 # needs a working Triton install.
 _TRITON_IMPLS: dict[str, tuple[str, str]] = {

@@ -1,0 +1,176 @@
+"""The device's two roofline ceilings, measured here: peak FLOP/s and memory bandwidth.
+
+A roofline is only honest against ceilings measured on the machine that ran the kernels, so the app
+measures both when it starts (once per process): a dense matmul for FLOP/s and a large tensor copy
+for bytes/s (a copy reads and writes every byte, so bytes moved = 2 x tensor size).
+
+- CPU: an fp32 matmul and a 64 MiB copy with the torch thread count the engine uses; under 1 s.
+- CUDA: a bf16 matmul and a 1 GiB device copy, timed with CUDA events; well under 1 s.
+
+`REFERENCE_CEILINGS` holds values measured earlier on real GPUs, to look up instead of measuring
+(and to show next to a CPU roofline for scale). Never datasheet numbers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Ceilings:
+    peak_flops: float  # FLOP/s of a dense matmul at `dtype`
+    peak_bytes_per_s: float  # bytes/s of a large copy (read + write counted)
+    source: str  # how these numbers were obtained, in words
+    dtype: str  # "float32", "bfloat16"
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the bandwidth slope meets the compute roof."""
+        return self.peak_flops / self.peak_bytes_per_s
+
+    def attainable(self, intensity: float) -> float:
+        """The roofline: min(peak FLOP/s, bandwidth x intensity)."""
+        return min(self.peak_flops, self.peak_bytes_per_s * intensity)
+
+    def bound(self, intensity: float) -> str:
+        return "compute-bound" if intensity >= self.ridge else "memory-bound"
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceDevice:
+    """Numbers measured on a GPU we had (bench/kernels.py and the lead's runs)."""
+
+    name: str
+    ceilings: Ceilings
+    notes: tuple[tuple[str, str], ...] = ()  # (what, measured value) for the table on the page
+
+
+REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
+    "NVIDIA H200": ReferenceDevice(
+        "NVIDIA H200",
+        Ceilings(790e12, 4.26e12, "table: measured on an H200 (bf16 dense matmul, device copy)", "bfloat16"),
+        (("bf16 dense matmul", "≈ 790 TFLOP/s"),
+         ("device copy (read + write)", "≈ 4.26 TB/s"),
+         ("torch SDPA, causal prefill, 9 heads, D = 64", "214–412 TFLOP/s (L = 512 … 8192)"),
+         ("torch SDPA, decode over the KV cache", "2.7–3.9 TB/s"),
+         ("our Triton FA2 prefill (bench/kernels.py)", "≈ 0.94 × SDPA")),
+    ),
+}
+
+
+def lookup_ceilings(device_name: str) -> Ceilings | None:
+    """Reference values for a GPU by name (exact, then substring: 'NVIDIA H200 NVL' -> H200)."""
+    if device_name in REFERENCE_CEILINGS:
+        return REFERENCE_CEILINGS[device_name].ceilings
+    for name, ref in REFERENCE_CEILINGS.items():
+        if name in device_name or device_name in name:
+            return ref.ceilings
+    return None
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+
+def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], reps: int, budget_s: float) -> float:
+    """Best wall time of `fn` over up to `reps` runs (the best run is the least disturbed one on a
+    shared machine), stopping early once `budget_s` is spent."""
+    fn()
+    sync()  # warm-up: allocation, page faults, kernel selection
+    best = float("inf")
+    start = time.perf_counter()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return best
+
+
+def _measure_cpu(dtype: torch.dtype) -> Ceilings:
+    n = 768
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    c = torch.empty(n, n, dtype=dtype)
+    mm = _best_seconds(lambda: torch.mm(a, b, out=c), lambda: None, reps=8, budget_s=0.5)
+    numel = 16 * 1024 * 1024  # 64 MiB of fp32: far larger than any CPU cache
+    src = torch.ones(numel, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    cp = _best_seconds(lambda: dst.copy_(src), lambda: None, reps=8, budget_s=0.5)
+    threads = torch.get_num_threads()
+    return Ceilings(2 * n ** 3 / mm, 2 * src.numel() * src.element_size() / cp,
+                    f"measured now on this CPU ({threads} torch thread{'s' if threads != 1 else ''}): "
+                    f"{n}³ {str(dtype).removeprefix('torch.')} matmul, 64 MiB copy",
+                    str(dtype).removeprefix("torch."))
+
+
+def _measure_cuda(device: torch.device, dtype: torch.dtype) -> Ceilings:
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+
+    def timed(fn: Callable[[], None], reps: int) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        best = float("inf")
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return best
+
+    mm = timed(lambda: torch.mm(a, b), reps=10)
+    del a, b
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)  # 1 GiB: far beyond L2
+    dst = torch.empty_like(src)
+    cp = timed(lambda: dst.copy_(src), reps=10)
+    del src, dst
+    name = torch.cuda.get_device_name(device)
+    return Ceilings(2 * n ** 3 / mm, 2 * (1 << 30) / cp,
+                    f"measured now on {name}: {n}³ {str(dtype).removeprefix('torch.')} matmul, 1 GiB device copy",
+                    str(dtype).removeprefix("torch."))
+
+
+@lru_cache(maxsize=8)
+def _measure_cached(device: str, dtype: str) -> Ceilings:
+    dev = torch.device(device)
+    dt = getattr(torch, dtype)
+    if dev.type == "cuda":
+        return _measure_cuda(dev, dt)
+    return _measure_cpu(dt)
+
+
+def measure_ceilings(device: str | torch.device = "cpu", dtype: str | None = None, *,
+                     fresh: bool = False) -> Ceilings:
+    """Peak FLOP/s and bandwidth of `device`, measured once per process (`fresh=True` re-measures).
+
+    dtype defaults to what the engine runs there: float32 on the CPU, bfloat16 on CUDA."""
+    dev = torch.device(device)
+    if dtype is None:
+        dtype = "bfloat16" if dev.type == "cuda" else "float32"
+    key = (str(dev), dtype)
+    if fresh:
+        _measure_cached.cache_clear()
+    return _measure_cached(*key)
+
+
+def ceilings_for(device: str | torch.device, prefer_table: bool = False) -> Ceilings:
+    """Measured ceilings, or the reference table's values for this GPU when `prefer_table` and the GPU
+    is known (saves the measurement; the source string says which)."""
+    dev = torch.device(device)
+    if prefer_table and dev.type == "cuda":
+        known = lookup_ceilings(torch.cuda.get_device_name(dev))
+        if known is not None:
+            return known
+    return measure_ceilings(dev)
+
+
+def with_source(c: Ceilings, source: str) -> Ceilings:
+    return replace(c, source=source)

@@ -1,0 +1,452 @@
+"""Paged attention through block tables, with split-KV (Flash-Decoding) and GQA grouping (Triton).
+
+Same contract as `kernels.paged_attention_ref.paged_attention_ref`: sequence b has
+q_len = query_start_loc[b+1] - query_start_loc[b] query rows (1 for decode, more for a prefill chunk
+that continues a cached prefix); its context is seq_lens[b] tokens (this step's keys included,
+already stored); query row j sits at absolute position seq_lens[b] - q_len + j and sees keys
+0..that position. Keys live in the pool `[num_blocks, block_size, Hkv, D]`; token n of sequence b is
+in block block_tables[b, n // block_size] at offset n % block_size.
+
+Two kernels:
+1. `_paged_attn_partial`: one program per (KV head, split, query tile, sequence). The rows of its
+   tile are (query row, query head of this KV group) pairs, so the GROUP query heads that share a
+   KV head read each K/V tile once (for decode: 3 of the 16 MMA rows are used, which costs nothing
+   in a memory-bound loop). The program walks its slice [split * PARTITION, ...) of the context in
+   BLOCK_N-key tiles, gathering each key row through the block table, with an online softmax in
+   base 2, and writes an unnormalised partial (max m, sum l, accumulator acc) in fp32; when there
+   is a single split it writes the normalised output directly and the reduce is skipped.
+2. `_paged_attn_reduce`: one program per (query row, sequence, query head) merges the partials:
+   M = max_s m_s, out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+
+CUDA-graph safe: no host sync, no `.item()`; every size (grid, number of splits, partial buffers)
+is a function of tensor shapes, the python ints max_query_len / max_seq_len and the device's SM
+count only. Work past a sequence's real length is skipped inside the kernels (early exit, empty
+loops), so a graph captured for a max_seq_len bucket stays correct for any shorter lengths.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_compat import patch_interpreter
+
+patch_interpreter()
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_LOG2E = 1.4426950408889634
+
+# Tunables (see bench/NOTES_kernels.md). Programs aimed at per SM when splitting the context,
+# the shortest slice of context one split may get, and the most splits.
+# "allheads" (decode only: one program reads whole token rows for all heads) or "group" (one
+# program per KV head; also serves q_len > 1).
+# Measured on the H200 (bench/NOTES_kernels.md): "group" wins; "allheads" is kept as an option.
+DECODE_KERNEL = "group"
+# Per mode: "decode" = max_query_len == 1, "chunk" = prefill chunks (q_len > 1, mixed batches).
+TARGET_PROGRAMS_PER_SM = {"decode": 16, "chunk": 8, "allheads": 8}
+NUM_STAGES = {"decode": 2, "chunk": 3, "allheads": 2}
+BLOCK_N = {"decode": 128, "chunk": 64, "allheads": 128}  # K/V tile height (allheads: token-head rows)
+# Merge the split partials inside the partial kernel (the last-arriving program reduces) instead of
+# a second kernel launch. Measured 1-9% slower than the separate reduce on the H200, so off.
+FUSED_REDUCE = False
+MIN_PARTITION = 256
+MAX_SPLITS = 128
+# Tests set this to fill the split partials with NaN, so a partial the reduce reads but nobody wrote
+# shows up as NaN in the output.
+POISON_SCRATCH = False
+
+
+@triton.jit(do_not_specialize=["PARTITION"])
+def _paged_attn_partial(
+    Q, KC, VC, BT, SEQ_LENS, QSL,
+    O, PM, PL, PACC,
+    qk_scale,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    PARTITION,
+    CNT, Q_TILES,  # fused reduce: arrival counters, one per (sequence, q tile, KV head)
+    NUM_SPLITS: tl.constexpr,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr = False,
+    SPLITS_PAD: tl.constexpr = 1,
+):
+    Q_PER_TILE: tl.constexpr = BLOCK_M // GROUP
+    pid0 = tl.program_id(0)
+    kvh = pid0 % HKV
+    split = pid0 // HKV
+    qt = tl.program_id(1)
+    b = tl.program_id(2)
+
+    q_start = tl.load(QSL + b)
+    q_len = tl.load(QSL + b + 1) - q_start
+    j0 = qt * Q_PER_TILE
+    if j0 >= q_len:
+        return
+    ctx = tl.load(SEQ_LENS + b)
+
+    rows = tl.arange(0, BLOCK_M)
+    qi = rows // GROUP
+    g = rows % GROUP
+    j = j0 + qi
+    row_ok = (qi < Q_PER_TILE) & (j < q_len)
+    head = kvh * GROUP + g
+    pos = ctx - q_len + j  # absolute position of each row: it sees keys 0..pos
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    tok = (q_start + j).to(tl.int64)
+    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+
+    # Keys visible to the tile's last row end at kv_end (exclusive); this split owns [lo, hi).
+    last_j = tl.minimum(j0 + Q_PER_TILE, q_len) - 1
+    kv_end = ctx - q_len + last_j + 1
+    lo = split * PARTITION
+    hi = tl.minimum(lo + PARTITION, kv_end)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    k_head = KC + kvh * stride_kh
+    v_head = VC + kvh * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        n = start + offs_n
+        n_ok = n < hi
+        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        off = n % PAGE
+        k = tl.load(k_head + page[:, None] * stride_kb + off[:, None] * stride_ks + offs_d[None, :],
+                    mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_head + page[:, None] * stride_vb + off[:, None] * stride_vs + offs_d[None, :],
+                    mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead (p = 0 then).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(O + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        base = (tok * (HKV * GROUP) + head) * NUM_SPLITS
+        idx = base + split
+        tl.store(PM + idx, m_i, mask=row_ok)
+        tl.store(PL + idx, l_i, mask=row_ok)
+        tl.store(PACC + idx[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+        if FUSED_REDUCE:
+            # The last split program to arrive for this (sequence, q tile, KV head) merges all the
+            # partials (no second kernel). The barrier orders this CTA's partial stores before the
+            # release of the counter increment; the winner reads the partials back from L2 (.cg).
+            tl.debug_barrier()
+            cidx = (b * Q_TILES + qt) * HKV + kvh
+            prev = tl.atomic_add(CNT + cidx, 1, sem="acq_rel", scope="gpu")
+            if prev == NUM_SPLITS - 1:
+                sp = tl.arange(0, SPLITS_PAD)
+                msk = row_ok[:, None] & (sp < NUM_SPLITS)[None, :]
+                m_all = tl.load(PM + base[:, None] + sp[None, :], mask=msk, other=float("-inf"),
+                                cache_modifier=".cg")
+                l_all = tl.load(PL + base[:, None] + sp[None, :], mask=msk, other=0.0, cache_modifier=".cg")
+                m_max = tl.max(m_all, 1)
+                m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+                w = tl.math.exp2(m_all - m_max[:, None])
+                denom = tl.sum(w * l_all, 1)
+                o = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+                for s_i in range(NUM_SPLITS):
+                    w_s = tl.sum(tl.where(sp[None, :] == s_i, w, 0.0), 1)
+                    a = tl.load(PACC + (base + s_i)[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None],
+                                other=0.0, cache_modifier=".cg")
+                    o += a * w_s[:, None]
+                o = o / tl.where(denom == 0.0, 1.0, denom)[:, None]
+                tl.store(O + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                         o.to(O.dtype.element_ty), mask=row_ok[:, None])
+                tl.atomic_xchg(CNT + cidx, 0)  # re-arm for the next launch (stream-ordered)
+
+
+@triton.jit(do_not_specialize=["PARTITION"])
+def _paged_decode_allheads(
+    Q, KC, VC, BT, SEQ_LENS, QSL,
+    O, PM, PL, PACC,
+    qk_scale,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    stride_ot, stride_oh,
+    PARTITION,
+    NUM_SPLITS: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Decode only (q_len <= 1): one program per (split, sequence) for ALL heads. A K/V tile is
+    BLOCK_R rows r = (token t, KV head g) with r = t * HKV + g, i.e. whole 'token rows' of the pool
+    (Hkv*D contiguous elements), read once for every query head; query head h only keeps the
+    columns of its KV head (h // GROUP), the others are masked to -inf (the wasted MMA work is
+    free in this memory-bound loop)."""
+    TOK: tl.constexpr = BLOCK_R // HKV  # tokens per tile
+    split = tl.program_id(0)
+    b = tl.program_id(1)
+    q_start = tl.load(QSL + b)
+    q_len = tl.load(QSL + b + 1) - q_start
+    if q_len <= 0:
+        return
+    ctx = tl.load(SEQ_LENS + b)
+
+    h = tl.arange(0, BLOCK_H)
+    h_ok = h < HQ
+    offs_d = tl.arange(0, HEAD_DIM)
+    tok = q_start.to(tl.int64)
+    q = tl.load(Q + tok * stride_qt + h[:, None] * stride_qh + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+
+    r = tl.arange(0, BLOCK_R)
+    r_tok = r // HKV
+    r_head = r % HKV
+    r_ok = r < TOK * HKV
+    head_match = (h // GROUP)[:, None] == r_head[None, :]
+
+    lo = split * PARTITION
+    hi = tl.minimum(lo + PARTITION, ctx)
+    m_i = tl.zeros([BLOCK_H], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    for start in range(lo, hi, TOK):
+        n = start + r_tok
+        n_ok = r_ok & (n < hi)
+        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        off = n % PAGE
+        k = tl.load(KC + (page * stride_kb + off * stride_ks + r_head * stride_kh)[:, None] + offs_d[None, :],
+                    mask=n_ok[:, None], other=0.0)
+        v = tl.load(VC + (page * stride_vb + off * stride_vs + r_head * stride_vh)[:, None] + offs_d[None, :],
+                    mask=n_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(head_match & n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(O + tok * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        idx = (tok * HQ + h) * NUM_SPLITS + split
+        tl.store(PM + idx, m_i, mask=h_ok)
+        tl.store(PL + idx, l_i, mask=h_ok)
+        tl.store(PACC + idx[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=h_ok[:, None])
+
+
+@triton.jit
+def _paged_attn_reduce(
+    O, PM, PL, PACC, QSL,
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    j = tl.program_id(0)
+    b = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(QSL + b)
+    q_len = tl.load(QSL + b + 1) - q_start
+    if j >= q_len:
+        return
+    tok = (q_start + j).to(tl.int64)
+    s = tl.arange(0, SPLITS_PAD)
+    s_ok = s < NUM_SPLITS
+    idx = (tok * HQ + head) * NUM_SPLITS + s
+    m = tl.load(PM + idx, mask=s_ok, other=float("-inf"))
+    l = tl.load(PL + idx, mask=s_ok, other=0.0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.load(PACC + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    m_max = tl.max(m, 0)
+    m_sub = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_sub)  # 0 for splits that saw no key
+    denom = tl.sum(w * l, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(O + tok * stride_ot + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
+
+
+_COUNTERS: dict[str, list[torch.Tensor]] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """Zeroed int32 arrival counters for the fused reduce, at least n of them. The kernel re-arms
+    each counter it uses, so one buffer serves every later launch (and graph replay) on this device
+    without a memset; buffers are never freed because a captured graph may hold their address.
+    Not safe for two launches running concurrently on different streams."""
+    key = str(device)
+    bufs = _COUNTERS.setdefault(key, [])
+    if bufs and bufs[-1].numel() >= n:
+        return bufs[-1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None  # zeros made inside a capture would only be zeroed on replay
+    bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a small number so tests exercise several splits
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, device: torch.device,
+         programs_per_sm: int | None = None, min_partition: int | None = None,
+         block_n: int | None = None, decode_kernel: str | None = None) -> dict:
+    """Kernel, tile sizes and the context split, from shapes and python ints only (graph-safe).
+
+    `block_n` is the K/V tile height: tokens for the "group" kernel, (token, KV head) rows for the
+    "allheads" decode kernel."""
+    group = hq // hkv
+    kernel = DECODE_KERNEL if decode_kernel is None else decode_kernel
+    if max_query_len > 1 or hq > 64:
+        kernel = "group"
+    if kernel == "allheads":
+        mode = "allheads"
+        block_m = max(16, triton.next_power_of_2(hq))
+        q_tiles = 1
+        if block_n is None:
+            block_n = 32 if _INTERPRET else BLOCK_N[mode]
+        block_n = max(block_n, triton.next_power_of_2(hkv))
+        step = block_n // hkv  # tokens per tile
+        base = batch
+    else:
+        mode = "decode" if max_query_len <= 1 else "chunk"
+        block_m = max(16 if mode == "decode" else 64, triton.next_power_of_2(group))
+        q_tiles = triton.cdiv(max(max_query_len, 1), block_m // group)
+        if block_n is None:
+            block_n = 16 if _INTERPRET else BLOCK_N[mode]
+        step = block_n
+        base = batch * hkv * q_tiles
+    per_sm = TARGET_PROGRAMS_PER_SM[mode] if programs_per_sm is None else programs_per_sm
+    min_part = (32 if _INTERPRET else MIN_PARTITION) if min_partition is None else min_partition
+    min_part = max(min_part, step)
+    length = max(max_seq_len, 1)
+    want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
+    splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
+    partition = triton.cdiv(triton.cdiv(length, splits), step) * step
+    splits = triton.cdiv(length, partition)  # drop splits that would own nothing
+    return {"kernel": kernel, "mode": mode, "BLOCK_M": block_m, "BLOCK_N": block_n, "q_tiles": q_tiles,
+            "splits": splits, "partition": partition}
+
+
+def paged_attention_triton(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    *,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    programs_per_sm: int | None = None,
+    min_partition: int | None = None,
+    block_n: int | None = None,
+    decode_kernel: str | None = None,
+    fused_reduce: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Keyword-only knobs are for tests and the bench (kernel choice, tile/launch tuning, a
+    preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger)."""
+    t, hq, d = q.shape
+    _, page, hkv, dk = k_cache.shape
+    assert dk == d and v_cache.shape == k_cache.shape and hq % hkv == 0
+    assert d >= 16 and (d & (d - 1)) == 0, "head dim must be a power of two >= 16"
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+    assert block_tables.stride(1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(2) == 1
+    batch = seq_lens.shape[0]
+    if t == 0 or batch == 0:
+        return out
+    group = hq // hkv
+    cfg = plan(batch, hq, hkv, max_query_len, max_seq_len, q.device, programs_per_sm, min_partition, block_n,
+               decode_kernel)
+    splits = cfg["splits"]
+    if splits > 1:
+        alloc = torch.full if POISON_SCRATCH else torch.empty
+        extra = {"fill_value": float("nan")} if POISON_SCRATCH else {}
+        pm = alloc((t, hq, splits), device=q.device, dtype=torch.float32, **extra)
+        pl = alloc((t, hq, splits), device=q.device, dtype=torch.float32, **extra)
+        pacc = alloc((t, hq, splits, d), device=q.device, dtype=torch.float32, **extra)
+    else:
+        pm = pl = pacc = out  # unused
+    kernel = cfg["kernel"]
+    if num_warps is None:
+        num_warps = 4
+    if num_stages is None:
+        num_stages = 1 if _INTERPRET else NUM_STAGES[cfg["mode"]]
+    common = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+              out, pm, pl, pacc,
+              float(scale) * _LOG2E,
+              q.stride(0), q.stride(1),
+              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+              block_tables.stride(0),
+              out.stride(0), out.stride(1),
+              cfg["partition"])
+    fused = False
+    if kernel == "allheads":
+        _paged_decode_allheads[(splits, batch)](
+            *common, NUM_SPLITS=splits, HQ=hq, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
+            BLOCK_H=cfg["BLOCK_M"], BLOCK_R=cfg["BLOCK_N"], num_warps=num_warps, num_stages=num_stages)
+    else:
+        fused = splits > 1 and (FUSED_REDUCE if fused_reduce is None else fused_reduce)
+        cnt = _counters(q.device, batch * cfg["q_tiles"] * hkv) if fused else None
+        if fused and cnt is None:  # first use inside a graph capture: keep the two-kernel path
+            fused = False
+        _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
+            *common, cnt if fused else out, cfg["q_tiles"],
+            NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+            FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1,
+            num_warps=num_warps, num_stages=num_stages)
+    if splits > 1 and not fused:
+        _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
+            out, pm, pl, pacc, query_start_loc,
+            out.stride(0), out.stride(1),
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d,
+            num_warps=4 if splits * d >= 2048 else 1,
+        )
+    return out

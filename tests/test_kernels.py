@@ -1,0 +1,395 @@
+"""Triton kernels against their torch references.
+
+CPU: the kernels run under TRITON_INTERPRET=1, which must be set before Triton is imported, so each
+family runs in a child process (`python tests/test_kernels.py <family>`), leaving this pytest
+process (and every other test in it) with Triton imported normally. The child prints one JSON line
+of results that the test checks.
+
+GPU (`@pytest.mark.gpu`, skipped without CUDA): real SmolLM2 shapes in bf16 (and fp32/tf32), both
+prefill variants, split and unsplit paged attention, and a CUDA-graph capture/replay.
+
+Every check draws fresh random inputs (the seed is printed on failure), poisons outputs with NaN
+before the call, requires every element to be written, and compares by ||out - ref|| / ||ref||.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FP32_TOL = 1e-4  # fp32 under the interpreter (exact fp32 dots)
+BF16_TOL = 1e-2
+TF32_TOL = 5e-3
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
+HAS_CUDA = torch is not None and torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------------------------------
+# Input builders (shared by the interpreter child and the GPU tests)
+# --------------------------------------------------------------------------------------------
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+def make_varlen(lens, hq, hkv, d, dtype, device, gen, fused=False):
+    """Packed q/k/v for sequences of `lens`; `fused` makes them strided views of one qkv tensor."""
+    t = sum(lens)
+    if fused:
+        qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen, device="cpu").to(dtype).to(device)
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d: (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+    else:
+        q = torch.randn(t, hq, d, generator=gen).to(dtype).to(device)
+        k = torch.randn(t, hkv, d, generator=gen).to(dtype).to(device)
+        v = torch.randn(t, hkv, d, generator=gen).to(dtype).to(device)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return q, k, v, cu.to(device)
+
+
+def make_paged(ctx_lens, q_lens, hq, hkv, d, block_size, dtype, device, gen, extra_blocks=3,
+               pad_value=None):
+    """A shuffled pool holding each sequence's context, block tables padded with `pad_value`
+    (random garbage when None) past each sequence's blocks, and this step's queries."""
+    need = [(c + block_size - 1) // block_size for c in ctx_lens]
+    num_blocks = sum(need) + extra_blocks
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype).to(device)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype).to(device)
+    perm = torch.randperm(num_blocks, generator=gen)
+    max_blocks = max(need) + 2
+    if pad_value is None:
+        tables = torch.randint(-(2**30), 2**30, (len(ctx_lens), max_blocks), generator=gen, dtype=torch.int32)
+    else:
+        tables = torch.full((len(ctx_lens), max_blocks), pad_value, dtype=torch.int32)
+    p = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[p: p + n].to(torch.int32)
+        p += n
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(dtype).to(device)
+    seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
+    return q, k_cache, v_cache, tables.to(device), seq_lens.to(device), qsl.to(device)
+
+
+def ref_tables(tables, ctx_lens, block_size):
+    """The reference indexes whole rows of the table: give it one without garbage."""
+    t = tables.clone()
+    for b, c in enumerate(ctx_lens):
+        t[b, (c + block_size - 1) // block_size:] = 0
+    return t
+
+
+def _new_gen(seed=None):
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    return seed, gen
+
+
+# --------------------------------------------------------------------------------------------
+# Interpreter cases (run in a child process with TRITON_INTERPRET=1)
+# --------------------------------------------------------------------------------------------
+
+def _case_store_kv(gen):
+    from kernels.kv_store_ref import store_kv_ref
+    from kernels.kv_store_triton import store_kv_triton
+
+    out = []
+    for fused in (False, True):
+        t = int(torch.randint(1, 71, (1,), generator=gen))
+        hkv, d, bs = (3, 64, 16) if fused else (2, 32, 16)
+        nb = (t + bs - 1) // bs + 4
+        q, k, v, _ = make_varlen([t], hkv * 2, hkv, d, torch.float32, "cpu", gen, fused=fused)
+        slots = torch.randperm(nb * bs, generator=gen)[:t]
+        skip = torch.rand(t, generator=gen) < 0.2
+        slots[skip] = -1
+        kc = torch.full((nb, bs, hkv, d), float("nan"))
+        vc = torch.full_like(kc, float("nan"))
+        kr, vr = kc.clone(), vc.clone()
+        store_kv_triton(k, v, kc, vc, slots)
+        store_kv_ref(k, v, kr, vr, slots)
+        same = bool(torch.equal(kc.nan_to_num(1e30), kr.nan_to_num(1e30))
+                    and torch.equal(vc.nan_to_num(1e30), vr.nan_to_num(1e30)))
+        out.append({"name": f"store_kv t={t} fused={fused}", "exact": same})
+    return out
+
+
+def _case_prefill(gen):
+    from kernels.prefill_attention_ref import flash_attention_varlen_ref
+    from kernels.prefill_attention_triton import flash_attention_varlen_triton
+
+    out = []
+    shapes = [(4, 2, 64, False, "ptr"), (9, 3, 64, True, "ptr"), (9, 3, 32, True, "tma"), (4, 2, 64, False, "tma")]
+    for hq, hkv, d, fused, impl in shapes:
+        b = int(torch.randint(2, 5, (1,), generator=gen))
+        lens = torch.randint(1, 71, (b,), generator=gen).tolist()
+        lens[0] = int(torch.randint(40, 71, (1,), generator=gen))  # at least one multi-tile sequence
+        q, k, v, cu = make_varlen(lens, hq, hkv, d, torch.float32, "cpu", gen, fused=fused)
+        scale = d ** -0.5
+        o = torch.full_like(q, float("nan"))
+        flash_attention_varlen_triton(q, k, v, cu, max(lens), scale, impl=impl, out=o)
+        ref = flash_attention_varlen_ref(q, k, v, cu, max(lens), scale)
+        out.append({"name": f"prefill {impl} lens={lens} hq={hq} hkv={hkv} d={d} fused={fused}",
+                    "all_written": bool(torch.isfinite(o).all()), "rel_err": rel_err(o, ref), "tol": FP32_TOL})
+    return out
+
+
+def _case_paged(gen):
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    pa.POISON_SCRATCH = True
+    out = []
+    bs = 16
+    cases = [
+        # (name, hq, hkv, d, q_lens, split knob, decode kernel)
+        ("decode allheads split", 9, 3, 64, [1, 1, 1], None, "allheads"),
+        ("decode allheads unsplit", 4, 2, 64, [1, 0, 1, 1], 1, "allheads"),  # one empty sequence
+        ("decode group split", 9, 3, 64, [1, 1, 1], None, "group"),
+        ("decode group unsplit", 4, 2, 64, [1, 1, 1, 1], 1, "group"),
+        ("chunk split", 4, 2, 32, "chunk", None, None),
+        ("mixed split", 9, 3, 64, "mixed", None, None),
+        ("decode group fused", 9, 3, 64, [1, 0, 1], None, "group+fused"),
+        ("chunk fused", 4, 2, 32, "chunk", None, "group+fused"),
+    ]
+    for name, hq, hkv, d, q_lens, per_sm, kern in cases:
+        fused = kern is not None and kern.endswith("+fused")
+        kern = kern.split("+")[0] if kern else None
+        b = len(q_lens) if isinstance(q_lens, list) else 3
+        ctx = torch.randint(1, 71, (b,), generator=gen).tolist()
+        ctx[0] = int(torch.randint(40, 71, (1,), generator=gen))
+        if q_lens == "chunk":
+            q_lens = [int(torch.randint(2, c + 1, (1,), generator=gen)) if c > 1 else 1 for c in ctx]
+        elif q_lens == "mixed":
+            q_lens = [1, min(ctx[1], 7), 1]
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, hq, hkv, d, bs, torch.float32, "cpu", gen)
+        # A max_seq_len bucket larger than any context, as a CUDA graph would pass.
+        max_seq = max(ctx) + int(torch.randint(0, 40, (1,), generator=gen))
+        scale = d ** -0.5
+        o = torch.full_like(q, float("nan"))
+        pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, scale,
+                                  programs_per_sm=per_sm, decode_kernel=kern, fused_reduce=fused, out=o)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, scale)
+        counters_rearmed = all(int(c.abs().sum()) == 0 for bufs in pa._COUNTERS.values() for c in bufs)
+        plan = pa.plan(len(ctx), hq, hkv, max(q_lens), max_seq, q.device, programs_per_sm=per_sm,
+                       decode_kernel=kern)
+        assert kern is None or plan["kernel"] == kern
+        out.append({"name": f"paged {name} ctx={ctx} q_lens={q_lens} splits={plan['splits']}",
+                    "splits": plan["splits"], "expect_split": per_sm is None,
+                    "all_written": bool(torch.isfinite(o).all()) and counters_rearmed,
+                    "rel_err": rel_err(o, ref), "tol": FP32_TOL})
+    return out
+
+
+_CASES = {"store_kv": _case_store_kv, "prefill": _case_prefill, "paged": _case_paged}
+
+
+def _run_child(family: str) -> list[dict]:
+    env = dict(os.environ)
+    env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    proc = subprocess.run([sys.executable, __file__, family], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
+    res = json.loads(line)
+    return res
+
+
+def _check(res: dict) -> None:
+    seed = res["seed"]
+    for r in res["results"]:
+        where = f"{r['name']} (seed {seed})"
+        if "exact" in r:
+            assert r["exact"], where
+            continue
+        assert r["all_written"], f"unwritten/NaN output: {where}"
+        assert r["rel_err"] < r["tol"], f"rel err {r['rel_err']:.3g} >= {r['tol']}: {where}"
+        if r.get("expect_split"):
+            assert r["splits"] > 1, f"expected a split-KV launch: {where}"
+
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON or torch is None, reason="triton/torch not installed")
+
+
+@needs_triton
+@pytest.mark.parametrize("family", sorted(_CASES))
+def test_interpreter(family):
+    _check(_run_child(family))
+
+
+# --------------------------------------------------------------------------------------------
+# GPU tests
+# --------------------------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+def test_gpu_store_kv(dtype):
+    from kernels.kv_store_ref import store_kv_ref
+    from kernels.kv_store_triton import store_kv_triton
+
+    dt = getattr(torch, dtype)
+    seed, gen = _new_gen()
+    t, hkv, d, bs = 3000, 3, 64, 16
+    nb = t // bs + 50
+    _, k, v, _ = make_varlen([t], 9, hkv, d, dt, "cuda", gen, fused=True)
+    slots = torch.randperm(nb * bs, generator=gen)[:t]
+    slots[torch.rand(t, generator=gen) < 0.1] = -1
+    slots = slots.cuda()
+    kc = torch.full((nb, bs, hkv, d), float("nan"), dtype=dt, device="cuda")
+    vc = torch.full_like(kc, float("nan"))
+    kr, vr = kc.clone(), vc.clone()
+    store_kv_triton(k, v, kc, vc, slots)
+    store_kv_ref(k, v, kr, vr, slots)
+    torch.testing.assert_close(kc, kr, rtol=0, atol=0, equal_nan=True, msg=f"seed {seed}")
+    torch.testing.assert_close(vc, vr, rtol=0, atol=0, equal_nan=True, msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("impl", [None, "ptr", "tma"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+def test_gpu_prefill(dtype, impl):
+    from kernels.prefill_attention_ref import flash_attention_varlen_ref
+    from kernels.prefill_attention_triton import flash_attention_varlen_triton
+
+    dt = getattr(torch, dtype)
+    if impl == "tma" and dt == torch.float32:
+        pytest.skip("the TMA variant is bf16/fp16 only")
+    seed, gen = _new_gen()
+    lens = [1, 17, 128, 300, 1000, 2053] + torch.randint(1, 700, (4,), generator=gen).tolist()
+    q, k, v, cu = make_varlen(lens, 9, 3, 64, dt, "cuda", gen, fused=True)
+    o = torch.full_like(q, float("nan"))
+    flash_attention_varlen_triton(q, k, v, cu, max(lens), 0.125, impl=impl, out=o)
+    ref = flash_attention_varlen_ref(q.float(), k.float(), v.float(), cu, max(lens), 0.125)
+    assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
+    tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
+    assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
+                                  "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+def test_gpu_paged(mode):
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    dt = torch.float32 if mode == "decode_fp32" else torch.bfloat16
+    seed, gen = _new_gen()
+    bs = 16
+    if mode.startswith("decode"):
+        ctx = torch.randint(1, 4097, (64,), generator=gen).tolist()
+        q_lens = [1] * 64
+    elif mode.startswith("chunk"):
+        ctx = torch.randint(300, 3000, (6,), generator=gen).tolist()
+        q_lens = [min(c, int(torch.randint(2, 700, (1,), generator=gen))) for c in ctx]
+    else:
+        ctx = torch.randint(1, 3000, (12,), generator=gen).tolist()
+        q_lens = [1] * 8 + [min(c, 257) for c in ctx[8:]]
+    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, dt, "cuda", gen)
+    max_seq = max(ctx) + 100
+    per_sm = 1 if mode.endswith("unsplit") else None
+    kern = "allheads" if "allheads" in mode else None
+    fused = True if mode.endswith("fused") else None
+    pa.POISON_SCRATCH = True
+    try:
+        o = torch.full_like(q, float("nan"))
+        pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
+                                  programs_per_sm=per_sm, min_partition=10**9 if per_sm else None,
+                                  decode_kernel=kern, fused_reduce=fused, out=o)
+        if fused:  # run twice: the second launch relies on the counters being re-armed by the first
+            o.fill_(float("nan"))
+            pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
+                                      fused_reduce=True, out=o)
+            assert all(int(c.abs().sum()) == 0 for bufs in pa._COUNTERS.values() for c in bufs)
+    finally:
+        pa.POISON_SCRATCH = False
+    ref = paged_attention_ref(q.float(), kc.float(), vc.float(), ref_tables(tables, ctx, bs), seq_lens, qsl,
+                              max(q_lens), max_seq, 0.125)
+    assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
+    tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
+    assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+def test_gpu_cuda_graph_decode(fused):
+    """store_kv + paged decode captured once for a (batch, max_seq_len bucket), replayed on new
+    lengths, block tables and data: every replay must match the reference."""
+    from kernels.kv_store_triton import store_kv_triton
+    from kernels.paged_attention_ref import paged_attention_ref
+    from kernels.paged_attention_triton import paged_attention_triton
+
+    seed, gen = _new_gen()
+    b, hq, hkv, d, bs, bucket = 32, 9, 3, 64, 16, 2048
+    nb = b * bucket // bs + 8
+    dt = torch.bfloat16
+    kc = torch.randn(nb, bs, hkv, d, generator=gen).to(dt).cuda()
+    vc = torch.randn(nb, bs, hkv, d, generator=gen).to(dt).cuda()
+    s_q = torch.zeros(b, hq, d, dtype=dt, device="cuda")
+    s_k = torch.zeros(b, hkv, d, dtype=dt, device="cuda")
+    s_v = torch.zeros(b, hkv, d, dtype=dt, device="cuda")
+    s_slots = torch.zeros(b, dtype=torch.int64, device="cuda")
+    s_tables = torch.zeros(b, bucket // bs, dtype=torch.int32, device="cuda")
+    s_lens = torch.ones(b, dtype=torch.int32, device="cuda")
+    s_qsl = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+
+    def step():
+        store_kv_triton(s_k, s_v, kc, vc, s_slots)
+        return paged_attention_triton(s_q, kc, vc, s_tables, s_lens, s_qsl, 1, bucket, 0.125, fused_reduce=fused)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        s_out = step()
+    for _ in range(3):
+        ctx = torch.randint(1, bucket + 1, (b,), generator=gen)
+        perm = torch.randperm(nb, generator=gen)
+        tables = perm[: b * (bucket // bs)].view(b, bucket // bs).to(torch.int32)
+        last = ctx - 1
+        slots = tables.gather(1, (last // bs).view(-1, 1)).view(-1).long() * bs + last % bs
+        slots[0] = -1  # a padding row: nothing stored, attention still runs on the old cache
+        s_tables.copy_(tables)
+        s_lens.copy_(ctx.to(torch.int32))
+        s_slots.copy_(slots)
+        s_q.copy_(torch.randn(b, hq, d, generator=gen).to(dt))
+        s_k.copy_(torch.randn(b, hkv, d, generator=gen).to(dt))
+        s_v.copy_(torch.randn(b, hkv, d, generator=gen).to(dt))
+        s_out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = paged_attention_ref(s_q.float(), kc.float(), vc.float(), s_tables, s_lens, s_qsl, 1, bucket, 0.125)
+        assert bool(torch.isfinite(s_out).all()), f"seed {seed}"
+        assert rel_err(s_out, ref) < BF16_TOL, f"rel err {rel_err(s_out, ref):.3g} (seed {seed})"
+        flat_k = kc.view(-1, hkv, d)
+        ok = slots >= 0
+        assert torch.equal(flat_k[slots[ok].cuda()], s_k[ok.cuda()]), f"store_kv in graph (seed {seed})"
+
+
+if __name__ == "__main__":
+    # Child-process entry: `TRITON_INTERPRET=1 python tests/test_kernels.py <family> [seed]`.
+    fam = sys.argv[1]
+    seed, gen = _new_gen(int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    torch.set_num_threads(2)
+    print(json.dumps({"family": fam, "seed": seed, "results": _CASES[fam](gen)}))

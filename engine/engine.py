@@ -80,6 +80,12 @@ class LLMEngine:
         # Counted from what the forward passes really computed (not from the scheduler's intent).
         self.counters = {"forward_passes": 0, "prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "prompt_tokens_cached": 0}
+        self.speculator = None
+        if config.spec_drafter != "none":
+            from engine.speculative import Speculator  # drafters + verifier; adds spec_* counters
+
+            self.speculator = Speculator(self)
+            self.scheduler.lookahead = self.speculator.lookahead
         self.step_index = 0
         self.clock = 0.0  # engine time: the sum of step wall times, so idle UI time never counts
         self.sequences: list[Sequence] = []
@@ -102,8 +108,11 @@ class LLMEngine:
         raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
 
     def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),
-                    arrival_step: int | None = None, request_id: str | None = None) -> str:
-        """Queue a request; raises ValueError naming the offending field and leaves the engine as it was."""
+                    arrival_step: int | None = None, request_id: str | None = None,
+                    spec_gamma: int | None = None) -> str:
+        """Queue a request; raises ValueError naming the offending field and leaves the engine as it was.
+        `spec_gamma`: drafted tokens per speculative round for this request (None: the engine's
+        `spec_gamma`; 0: no speculation); needs `EngineConfig.spec_drafter`."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if isinstance(prompt, str) and not prompt.strip():
@@ -131,10 +140,16 @@ class LLMEngine:
         rid = request_id or f"r{next(self._ids)}"
         if any(s.request_id == rid for s in self.sequences):
             raise ValueError(f"request_id {rid!r} is already in use")
+        if spec_gamma is not None and (not isinstance(spec_gamma, int) or isinstance(spec_gamma, bool)
+                                       or not 0 <= spec_gamma <= 16):
+            raise ValueError(f"spec_gamma must be an integer in [0, 16] or None, got {spec_gamma!r}")
+        if spec_gamma and self.speculator is None:
+            raise ValueError("spec_gamma > 0 needs a drafter: set EngineConfig.spec_drafter")
         order = next(self._orders)
         parent = None
         for i in range(params.n):
-            seq = Sequence(rid, list(ids), len(ids), params, arrival, order, index=i, fork_parent=parent)
+            seq = Sequence(rid, list(ids), len(ids), params, arrival, order, index=i, fork_parent=parent,
+                           spec_gamma=spec_gamma)
             seq.make_generator()
             parent = parent or seq
             self.sequences.append(seq)
@@ -159,6 +174,8 @@ class LLMEngine:
                 self._arrival_clock[seq.request_id] = self.clock
         sched = self.scheduler.schedule(step)
         self.pool.copy_blocks(sched.copies)
+        # Speculative decoding: drafts for sequences scheduled with lookahead slots (trims unused ones).
+        drafts = self.speculator.draft(sched) if self.speculator is not None else {}
         emitted: list[EmittedToken] = []
         finished: list[str] = []
         batch_view: list[ScheduledSeq] = []
@@ -166,20 +183,25 @@ class LLMEngine:
         if sched.scheduled:
             # Fresh prefills (starting at position 0) first: they attend only to their own tokens.
             order = sorted(sched.scheduled, key=lambda sn: sn[0].num_computed_tokens != 0)
-            fresh, paged, rows, samplers = [], [], [], []
+            fresh, paged, rows, samplers = [], [], [], []  # samplers: (sequence, its row in the logits)
             row = 0
             for seq, n in order:
                 start = seq.num_computed_tokens
                 toks = seq.token_ids[start:start + n]
+                if seq.seq_id in drafts:  # the last sampled token, then the drafts to verify
+                    toks = toks + drafts[seq.seq_id].tokens
                 slots = self.block_manager.slots(seq.seq_id, start, n)
                 if start == 0:
                     fresh.append((toks, start, slots))
                 else:
                     paged.append((toks, start, slots, self.block_manager.tables[seq.seq_id]))
                 row += n
-                if start + n == seq.num_tokens:
+                if seq.seq_id in drafts:  # verification needs the logits of every one of its rows
+                    drafts[seq.seq_id].logits_start = len(rows)
+                    rows += range(row - n, row)
+                elif start + n == seq.num_tokens:
+                    samplers.append((seq, len(rows)))
                     rows.append(row - 1)
-                    samplers.append(seq)
             batch = build_forward_batch(fresh, paged, rows, self.device)
             tf = time.perf_counter()
             logits = self._forward(batch)  # [len(rows), vocab]; may be empty
@@ -190,17 +212,25 @@ class LLMEngine:
             for seq, n in sched.scheduled:
                 phase = "prefill" if seq.in_prefill else "decode"
                 self.counters["prefill_tokens_computed" if phase == "prefill" else "decode_tokens_computed"] += n
-                if phase == "prefill" and seq.num_computed_tokens == seq.num_cached_tokens:
+                if seq.num_computed_tokens == seq.num_cached_tokens:
+                    # First pass since admission. Not only prefills: a returning preempted request can
+                    # find all but its last token cached, and then this pass looks like a decode.
                     self.counters["prompt_tokens_cached"] += seq.num_cached_tokens
                 seq.num_computed_tokens += n
                 if phase == "prefill" and self.scheduler.prefix_cache is not None:
                     self.scheduler.prefix_cache.on_computed(seq)  # publish the prompt's computed blocks now
+                if seq.seq_id in drafts:  # accept/reject the drafts, roll back rejected KV, emit tokens
+                    first = drafts[seq.seq_id].logits_start
+                    self.speculator.verify(seq, drafts[seq.seq_id], logits[first:first + n], forward_seconds,
+                                           lambda tok, s=seq: self._sample_into(
+                                               s, None, step, self.clock + time.perf_counter() - t0,
+                                               emitted, finished, tok))
                 batch_view.append(ScheduledSeq(seq.label, seq.seq_id, phase, n, seq.num_computed_tokens,
                                                seq.num_cached_tokens if phase == "prefill" else 0))
             wall_so_far = time.perf_counter() - t0
             # One argmax and one device-to-host copy for every greedy row, not one per row.
             greedy = logits.argmax(-1).tolist() if logits.shape[0] else []
-            for i, seq in enumerate(samplers):
+            for seq, i in samplers:
                 self._sample_into(seq, logits[i], step, self.clock + wall_so_far, emitted, finished,
                                   greedy[i] if seq.params.greedy else None)
                 for child in self._pending_children(seq):
@@ -302,6 +332,8 @@ class LLMEngine:
         extras = [("counters", dict(self.counters))]
         if self.scheduler.prefix_cache is not None:
             extras.append(("radix", self.scheduler.prefix_cache.snapshot()))
+        if self.speculator is not None:
+            extras.append(("spec", self.speculator.snapshot()))
         return tuple(extras)
 
     def _request_state(self, seq: Sequence, step: int) -> RequestState:

@@ -46,6 +46,8 @@ def build_forward_batch(
     logits_rows: list[int],
     device: torch.device,
 ) -> ForwardBatch:
+    # Plain Python lists first, then one host-to-device copy per tensor: at a few hundred sequences
+    # per step, per-sequence tensor construction would cost more than the decode itself.
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -56,19 +58,20 @@ def build_forward_batch(
         slots += sl
         cu.append(cu[-1] + len(tokens))
     qsl = [0]
-    q_lens, ctx_lens, tables = [], [], []
+    q_lens: list[int] = []
+    ctx_lens: list[int] = []
+    width = max((len(t) for *_, t in paged), default=1) or 1
+    flat_tables: list[int] = []
     for tokens, start, sl, table in paged:
+        n = len(tokens)
         ids += tokens
-        pos += range(start, start + len(tokens))
+        pos += range(start, start + n)
         slots += sl
-        qsl.append(qsl[-1] + len(tokens))
-        q_lens.append(len(tokens))
-        ctx_lens.append(start + len(tokens))
-        tables.append(table)
-    max_blocks = max((len(t) for t in tables), default=1)
-    bt = torch.zeros((len(tables), max(max_blocks, 1)), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        bt[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        qsl.append(qsl[-1] + n)
+        q_lens.append(n)
+        ctx_lens.append(start + n)
+        flat_tables += table
+        flat_tables += [0] * (width - len(table))
     i32 = dict(dtype=torch.int32, device=device)
     i64 = dict(dtype=torch.int64, device=device)
     fresh_lens = tuple(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
@@ -80,7 +83,7 @@ def build_forward_batch(
         fresh_cu_seqlens=torch.tensor(cu, **i32),
         fresh_max_len=max(fresh_lens, default=0),
         fresh_lens=fresh_lens,
-        block_tables=bt.to(device),
+        block_tables=torch.tensor(flat_tables, **i32).view(len(paged), width),
         seq_lens=torch.tensor(ctx_lens, **i32),
         query_start_loc=torch.tensor(qsl, **i32),
         max_query_len=max(q_lens, default=0),

@@ -41,6 +41,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Optional prefix cache (radix tree); it decides how much of a new prompt is already cached.
         self.prefix_cache = None
+        # Optional speculative-decoding hook: extra slots to reserve for a decoding sequence's drafts.
+        self.lookahead = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -79,7 +81,7 @@ class Scheduler:
             if id(seq) in skip:
                 i += 1
                 continue
-            n = min(seq.remaining, budget)
+            n = min(seq.remaining + (self.lookahead(seq) if self.lookahead is not None else 0), budget)
             if n <= 0:
                 i += 1
                 continue

@@ -45,6 +45,11 @@ class BlockManager:
         return len(self._free)
 
     @property
+    def free_list(self) -> tuple[int, ...]:
+        """Free block ids in the order `_take` will hand them out (freed blocks go to the back)."""
+        return tuple(self._free)
+
+    @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 

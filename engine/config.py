@@ -30,10 +30,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = (2, 0)  # <|im_end|> ends a ChatML turn; <|endoftext|> as backstop
     name: str = "SmolLM2-135M-Instruct"
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes (fp32 on the CPU path is 4)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+    def kv_bytes_per_token(self, bytes_per_element: int) -> int:
+        """2 (K and V) x layers x KV heads x head dim x bytes per element (4 on the fp32 CPU path)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +64,15 @@ class EngineConfig:
     # StepRecord: benchmarks with hundreds of requests and thousands of blocks need only timings.
     trace_detail: Literal["full", "light"] = "full"
     seed: int = 0
+    # Speculative decoding (engine/speculative): which drafter proposes tokens ("none" = off), the
+    # default drafted tokens per round (a request overrides it with add_request(spec_gamma=...)),
+    # the early-exit drafter's layer count, and prompt lookup's n-gram sizes (single-token matches
+    # are off by default: a frequent token matches everywhere and proposes noise).
+    spec_drafter: Literal["none", "ngram", "early_exit"] = "none"
+    spec_gamma: int = 4
+    spec_draft_layers: int = 8
+    spec_ngram_min: int = 2
+    spec_ngram_max: int = 3
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -75,6 +83,12 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.policy must be 'continuous' or 'static', got {self.policy!r}")
         if self.kernel_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"EngineConfig.kernel_backend must be auto/triton/torch, got {self.kernel_backend!r}")
+        if self.spec_drafter not in ("none", "ngram", "early_exit"):
+            raise ValueError(f"EngineConfig.spec_drafter must be none/ngram/early_exit, got {self.spec_drafter!r}")
+        if not 0 <= self.spec_gamma <= 16:
+            raise ValueError(f"EngineConfig.spec_gamma must be in [0, 16], got {self.spec_gamma}")
+        if self.spec_draft_layers < 1 or not 1 <= self.spec_ngram_min <= self.spec_ngram_max:
+            raise ValueError("EngineConfig.spec_draft_layers must be >= 1 and 1 <= spec_ngram_min <= spec_ngram_max")
 
     @property
     def pool_tokens(self) -> int:

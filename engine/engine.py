@@ -170,7 +170,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         step = self.step_index
         for seq in self.sequences:
-            if seq.arrival_step == step and seq.request_id not in self._arrival_clock:
+            # <=: a request added with an arrival step already past arrives now.
+            if seq.arrival_step <= step and seq.request_id not in self._arrival_clock:
                 self._arrival_clock[seq.request_id] = self.clock
         sched = self.scheduler.schedule(step)
         self.pool.copy_blocks(sched.copies)
@@ -382,6 +383,7 @@ class LLMEngine:
             filled_tokens=filled, internal_waste_tokens=allocated - filled,
             contiguous_reserved_tokens=reserved, contiguous_waste_tokens=reserved - live_tokens,
             ref_counts=tuple(bm.ref_counts), owners=tuple(owner(b) for b in range(bm.num_blocks)),
+            free_list=bm.free_list,
         )
 
     def _light_pool_summary(self) -> PoolSummary:

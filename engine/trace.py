@@ -58,6 +58,7 @@ class PoolSummary:
     contiguous_waste_tokens: int
     ref_counts: tuple[int, ...]  # per physical block, 0 = free
     owners: tuple[str, ...]  # per physical block: request id, "shared", "cache" or ""
+    free_list: tuple[int, ...] = ()  # free block ids in the order they will be handed out
 
     @property
     def paged_waste_fraction(self) -> float:

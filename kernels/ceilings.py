@@ -13,7 +13,7 @@ for bytes/s (a copy reads and writes every byte, so bytes moved = 2 x tensor siz
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
@@ -170,7 +170,3 @@ def ceilings_for(device: str | torch.device, prefer_table: bool = False) -> Ceil
         if known is not None:
             return known
     return measure_ceilings(dev)
-
-
-def with_source(c: Ceilings, source: str) -> Ceilings:
-    return replace(c, source=source)

@@ -14,6 +14,9 @@ import torch
 from kernels.kv_store_ref import store_kv_ref
 from kernels.paged_attention_ref import paged_attention_ref
 from kernels.prefill_attention_ref import flash_attention_varlen_ref
+from kernels.rmsnorm_ref import rmsnorm_ref
+from kernels.rope_store_ref import rope_store_ref
+from kernels.silu_mul_ref import silu_mul_ref
 from kernels.timing import KernelTimer
 
 # fp32 runs are the exactness reference (the same tokens as the torch path), so fp32 dots inside
@@ -27,11 +30,17 @@ _TRITON_IMPLS: dict[str, tuple[str, str]] = {
     "store_kv": ("kernels.kv_store_triton", "store_kv_triton"),
     "prefill_attention": ("kernels.prefill_attention_triton", "flash_attention_varlen_triton"),
     "paged_attention": ("kernels.paged_attention_triton", "paged_attention_triton"),
+    "rmsnorm": ("kernels.rmsnorm_triton", "rmsnorm_triton"),
+    "rope_store": ("kernels.rope_store_triton", "rope_store_triton"),
+    "silu_mul": ("kernels.silu_mul_triton", "silu_mul_triton"),
 }
 _REF_IMPLS: dict[str, Callable] = {
     "store_kv": store_kv_ref,
     "prefill_attention": flash_attention_varlen_ref,
     "paged_attention": paged_attention_ref,
+    "rmsnorm": rmsnorm_ref,
+    "rope_store": rope_store_ref,
+    "silu_mul": silu_mul_ref,
 }
 
 
@@ -105,3 +114,34 @@ class Kernels:
         with self.timer.timed(name, self.label("paged_attention"), flops, nbytes):
             return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens,
                                                   query_start_loc, max_query_len, max_seq_len, scale)
+
+    # ---- fused elementwise families -----------------------------------------------------------
+    def rmsnorm(self, x, weight, eps: float, residual=None):
+        """(rmsnorm(x [+ residual]) * weight, x + residual or None); see kernels.rmsnorm_ref."""
+        n, e = x.numel(), x.element_size()
+        w_bytes = weight.numel() * weight.element_size()
+        if residual is None:
+            flops, nbytes = 4 * n, 2 * n * e + w_bytes  # read x, write out
+        else:
+            flops, nbytes = 5 * n, 4 * n * e + w_bytes  # read x, residual; write out, new residual
+        with self.timer.timed("rmsnorm", self.label("rmsnorm"), flops, nbytes):
+            return self._impls["rmsnorm"](x, weight, eps, residual)
+
+    def rope_store(self, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq: int, hkv: int, d: int):
+        """RoPE on q/k + K/V into the pool: (q, k, v); see kernels.rope_store_ref."""
+        t, e = qkv.shape[0], qkv.element_size()
+        rot = t * (hq + hkv) * d
+        flops = 3 * rot  # two multiplies and an add per rotated element
+        nbytes = (t * (hq + 2 * hkv) * d * e  # read qkv
+                  + rot * e  # write q, k
+                  + 2 * t * hkv * d * k_cache.element_size()  # write K, V into the pool
+                  + t * d * 4  # cos + sin rows (fp32, D/2 each)
+                  + t * (positions.element_size() + slot_mapping.element_size()))
+        with self.timer.timed("rope_store", self.label("rope_store"), flops, nbytes):
+            return self._impls["rope_store"](qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, d)
+
+    def silu_mul(self, gate_up):
+        """silu(gate_up[:, :I]) * gate_up[:, I:] -> [T, I]; see kernels.silu_mul_ref."""
+        n = gate_up.numel() // 2
+        with self.timer.timed("silu_mul", self.label("silu_mul"), 5 * n, 3 * n * gate_up.element_size()):
+            return self._impls["silu_mul"](gate_up)

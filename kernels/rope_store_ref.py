@@ -1,0 +1,48 @@
+"""RoPE on q and k of the fused QKV projection, then K/V into the paged pool (torch reference).
+
+Contract (the Triton kernel matches it):
+- `qkv` [T, (Hq + 2*Hkv) * D]: q heads, then k heads, then v heads, as `LlamaModel`'s fused QKV.
+- rotate-half RoPE (Hugging Face layout: first half / second half of each head) with
+  cos/sin = table[positions], computed in fp32 and cast back to qkv's dtype, the same arithmetic
+  as `engine.model.apply_rope`;
+- rotated k and (unrotated) v are written to `k_cache`/`v_cache` [num_blocks, block_size, Hkv, D]
+  at `slot_mapping[t]` (< 0: padding row, not stored), as `store_kv_ref`;
+- returns (q [T, Hq, D] contiguous, new; k [T, Hkv, D] contiguous, new; v [T, Hkv, D] a view of
+  `qkv`). `qkv` itself is not modified. This is the same layout the model had with apply_rope.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.kv_store_ref import store_kv_ref
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Identical arithmetic to engine.model.apply_rope (not imported: engine.model imports dispatch).
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+def rope_store_ref(
+    qkv: torch.Tensor,  # [T, (Hq + 2 Hkv) * D]
+    positions: torch.Tensor,  # [T] int
+    cos: torch.Tensor,  # [max_len, D/2] fp32
+    sin: torch.Tensor,  # [max_len, D/2] fp32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int, < 0 = skip
+    hq: int,
+    hkv: int,
+    d: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = qkv.shape[0]
+    assert qkv.shape[1] == (hq + 2 * hkv) * d
+    q = qkv[:, : hq * d].view(n, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
+    c, s = cos[positions], sin[positions]
+    q, k = _rope(q, c, s), _rope(k, c, s)
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q, k, v

@@ -1,0 +1,1 @@
+"""Pure computations over model configs and StepRecords (no Streamlit, no plotting)."""

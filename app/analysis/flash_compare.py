@@ -1,0 +1,132 @@
+"""Time and error of several attention implementations on the same real Q, K, V.
+
+The reference is naive attention in float64 on the CPU (exact to ~1e-15). Every method's output is
+compared with it as ||out - ref|| / ||ref||. On the CPU: naive fp32 (materialises the N x N
+matrix), torch SDPA, the engine's attention path (`flash_attention_varlen_ref`, which is what the
+engine runs on the CPU) and the instrumented tiled re-enactment. On CUDA also the Triton FA2 kernel
+the engine runs there, in the engine's dtype.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.flash_trace import flash_attention_tiled, naive_attention, relative_error
+from kernels.prefill_attention_ref import flash_attention_varlen_ref
+
+from app.analysis.flash_qkv import LayerQKV
+
+
+@dataclass(frozen=True, slots=True)
+class MethodResult:
+    method: str
+    what: str  # one line: what runs
+    device: str
+    dtype: str
+    ms: float  # best of the repetitions
+    rel_err: float  # vs float64 naive attention
+    materialises_scores: bool
+    error: str = ""  # why it could not run, if it did not
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], torch.Tensor], int], tuple[torch.Tensor, float]]:
+    def run(fn: Callable[[], torch.Tensor], reps: int) -> tuple[torch.Tensor, float]:
+        out = fn()  # warm-up (and, on CUDA, compilation / autotuning)
+        best = float("inf")
+        for _ in range(reps):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        return out, best * 1e3
+
+    return run
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    group = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+                                          scale=scale, enable_gqa=group > 1).transpose(0, 1)
+
+
+@torch.inference_mode()
+def compare_methods(qkv: LayerQKV, block_m: int, block_n: int, reps: int = 3,
+                    engine_dtype: torch.dtype | None = None) -> list[MethodResult]:
+    q32, k32, v32 = qkv.q.float(), qkv.k.float(), qkv.v.float()
+    dev = q32.device
+    n, scale = qkv.seq_len, qkv.scale
+    ref, _ = naive_attention(q32.double().cpu(), k32.double().cpu(), v32.double().cpu(), scale)
+    timed = _timer(dev)
+    cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    methods: list[tuple[str, str, Callable[[], torch.Tensor], bool, int]] = [
+        ("naive softmax(QKᵀ)V", "two matmuls with the full [heads, N, N] score and probability matrices in memory",
+         lambda: naive_attention(q32, k32, v32, scale)[0], True, reps),
+        ("torch SDPA", "F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)",
+         lambda: _sdpa(q32, k32, v32, scale), False, reps),
+        ("engine attention path (torch reference)", "kernels.prefill_attention_ref.flash_attention_varlen_ref: "
+         "what the engine runs for a fresh prefill on the CPU",
+         lambda: flash_attention_varlen_ref(q32, k32, v32, cu, n, scale), False, reps),
+        (f"tiled FA2 re-enactment ({block_m}×{block_n} tiles)", "kernels.flash_trace.flash_attention_tiled: a Python "
+         "loop over tile pairs, instrumented for teaching (not a fast kernel)",
+         lambda: flash_attention_tiled(q32, k32, v32, scale, block_m, block_n).out, False, 1),
+    ]
+    results = [_run(name, what, fn, mat, r, timed, ref, where, "float32") for name, what, fn, mat, r in methods]
+    if dev.type == "cuda":
+        results.extend(_triton_rows(qkv, cu, timed, ref, where, reps, engine_dtype or qkv.q.dtype))
+    return results
+
+
+def _run(name: str, what: str, fn: Callable[[], torch.Tensor], materialises: bool, reps: int, timed, ref: torch.Tensor,
+         where: str, dtype: str) -> MethodResult:
+    try:
+        out, ms = timed(fn, reps)
+    except Exception as e:  # a backend that cannot run here is reported, not fatal
+        return MethodResult(name, what, where, dtype, float("nan"), float("nan"), materialises,
+                            f"{type(e).__name__}: {e}")
+    return MethodResult(name, what, where, dtype, ms, relative_error(out.cpu(), ref), materialises)
+
+
+def _triton_rows(qkv: LayerQKV, cu: torch.Tensor, timed, ref: torch.Tensor, where: str, reps: int,
+                 engine_dtype: torch.dtype) -> list[MethodResult]:
+    try:
+        from kernels.prefill_attention_triton import flash_attention_varlen_triton
+    except Exception as e:  # noqa: BLE001
+        return [MethodResult("Triton FA2 kernel", "kernels.prefill_attention_triton", where, "-", float("nan"),
+                             float("nan"), False, f"could not import: {e}")]
+    rows = []
+    for dt in dict.fromkeys((engine_dtype, torch.float32)):
+        q, k, v = qkv.q.to(dt), qkv.k.to(dt), qkv.v.to(dt)
+        name = str(dt).removeprefix("torch.")
+        rows.append(_run(f"Triton FA2 kernel ({name})", "kernels.prefill_attention_triton."
+                         "flash_attention_varlen_triton: the kernel the engine runs on this GPU"
+                         + (" (fp32 inputs use TF32 tensor cores)" if dt == torch.float32 else ""),
+                         lambda q=q, k=k, v=v: flash_attention_varlen_triton(q, k, v, cu, qkv.seq_len, qkv.scale),
+                         False, reps, timed, ref, where, name))
+    return rows
+
+
+# ---- memory arithmetic ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AttentionMemory:
+    seq_len: int
+    heads: int
+    elem: int
+
+    @property
+    def naive_scores_bytes(self) -> int:
+        """One [heads, N, N] matrix (naive attention writes S, then P of the same size)."""
+        return self.heads * self.seq_len ** 2 * self.elem
+
+    @property
+    def flash_state_bytes(self) -> int:
+        """What FA2 keeps per query row besides the output: the running max m and sum l (fp32)."""
+        return self.heads * self.seq_len * 2 * 4

@@ -1,0 +1,92 @@
+"""Block tables: each sequence's logical blocks and the physical blocks they map to.
+
+`block_table_grid` draws the tables themselves (one row per sequence, one cell per logical block,
+labelled with its physical id); `mapping_graph` draws the same map as a networkx bipartite graph,
+so sharing (two arrows into one physical block) and scattering are visible at a glance.
+"""
+from __future__ import annotations
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from engine.trace import StepRecord
+
+from app.charts.colors import owner_color, tint
+from app.theme import SHARED_COLOR, request_color
+
+
+def _ordered_tables(record: StepRecord, order: list[str]):
+    rank = {rid: i for i, rid in enumerate(order)}
+    return sorted(record.block_tables, key=lambda t: rank.get(t.request_id, len(rank)))
+
+
+def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
+    tables = _ordered_tables(record, order)
+    bs = record.pool.block_size
+    fig = go.Figure()
+    xs, ys, texts, hovers = [], [], [], []
+    labels = [t.request_id for t in tables]
+    width = max((len(t.block_ids) for t in tables), default=1)
+    for row, t in enumerate(tables):
+        y = len(tables) - 1 - row
+        for i, (b, f) in enumerate(zip(t.block_ids, t.fills)):
+            refs = record.pool.ref_counts[b]
+            color = SHARED_COLOR if refs > 1 else request_color(t.request_id, order)
+            fig.add_shape(type="rect", x0=i + 0.06, x1=i + 0.94, y0=y + 0.1, y1=y + 0.9,
+                          fillcolor=tint(color, 0.3 + 0.7 * f / bs), line=dict(color=color, width=1.5), layer="below")
+            xs.append(i + 0.5)
+            ys.append(y + 0.5)
+            texts.append(str(b))
+            hovers.append(f"{t.request_id}: logical block {i} → physical block {b}<br>"
+                          f"{f}/{bs} slots filled, ref count {refs}")
+    fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False)
+    fig.update_xaxes(title="logical block index (position in the sequence ÷ block size)", range=[0, max(width, 4)],
+                     tickvals=[i + 0.5 for i in range(width)], ticktext=[str(i) for i in range(width)],
+                     showgrid=False, zeroline=False, fixedrange=True)
+    fig.update_yaxes(tickvals=[len(tables) - 1 - r + 0.5 for r in range(len(tables))], ticktext=labels,
+                     range=[0, max(len(tables), 1)], showgrid=False, zeroline=False, fixedrange=True)
+    fig.update_layout(title="Block tables: the number in each cell is the physical block id",
+                      margin=dict(l=70, r=10, t=60, b=50))
+    return fig
+
+
+def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
+    """Sequences on the left, physical blocks on the right (in id order); one edge per table entry."""
+    tables = _ordered_tables(record, order)
+    g = nx.DiGraph()
+    seq_nodes = [("seq", t.request_id) for t in tables]
+    blocks = sorted({b for t in tables for b in t.block_ids})
+    g.add_nodes_from(seq_nodes)
+    g.add_nodes_from(("blk", b) for b in blocks)
+    for t in tables:
+        for i, b in enumerate(t.block_ids):
+            g.add_edge(("seq", t.request_id), ("blk", b), logical=i)
+    fig = go.Figure()
+    if not tables:
+        fig.update_layout(title="No sequence holds blocks at this step")
+        return fig
+    # Fixed columns in a chosen order (networkx's bipartite layout would sort nodes arbitrarily).
+    pos = {n: (0.0, 1 - i / max(len(seq_nodes) - 1, 1)) for i, n in enumerate(seq_nodes)}
+    pos.update({("blk", b): (1.0, 1 - j / max(len(blocks) - 1, 1)) for j, b in enumerate(blocks)})
+    for u, v in g.edges():
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", showlegend=False, hoverinfo="skip",
+                        line=dict(color=request_color(u[1], order), width=2), opacity=0.7)
+    fig.add_scatter(
+        x=[pos[n][0] for n in seq_nodes], y=[pos[n][1] for n in seq_nodes], mode="markers+text",
+        text=[n[1] for n in seq_nodes], textposition="middle left", showlegend=False,
+        marker=dict(size=22, color=[request_color(n[1], order) for n in seq_nodes]),
+        hovertext=[f"{n[1]}: {g.out_degree(n)} blocks" for n in seq_nodes], hoverinfo="text")
+    indeg = {b: g.in_degree(("blk", b)) for b in blocks}
+    fig.add_scatter(
+        x=[1.0] * len(blocks), y=[pos[("blk", b)][1] for b in blocks], mode="markers+text",
+        text=[str(b) for b in blocks], textposition="middle right", showlegend=False,
+        marker=dict(size=[14 + 6 * (indeg[b] - 1) for b in blocks], symbol="square",
+                    color=[SHARED_COLOR if indeg[b] > 1 else owner_color(record.pool.owners[b], order) for b in blocks],
+                    line=dict(color="#111827", width=[2 if indeg[b] > 1 else 0 for b in blocks])),
+        hovertext=[f"physical block {b}: {indeg[b]} table entr{'ies' if indeg[b] > 1 else 'y'} point here"
+                   for b in blocks], hoverinfo="text")
+    fig.update_xaxes(visible=False, range=[-0.35, 1.2], fixedrange=True)
+    fig.update_yaxes(visible=False, range=[-0.08, 1.08], fixedrange=True)
+    fig.update_layout(title="Logical → physical (yellow = one block, several owners)", margin=dict(l=10, r=10, t=60, b=10))
+    return fig

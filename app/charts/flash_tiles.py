@@ -1,0 +1,181 @@
+"""FlashAttention charts: the tile schedule, one row's online softmax, the score matrix naive
+attention would write, and time/error against other implementations."""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+from plotly.subplots import make_subplots
+
+from kernels.flash_trace import FlashTrace
+
+from app.analysis.flash_compare import MethodResult
+from app.theme import ACCENT, MUTED
+
+TILE_COLORS = {"full": "#0072B2", "diagonal": "#E69F00", "skipped": "#EEF0F3"}
+TILE_LABELS = {"full": "no mask", "diagonal": "diagonal: masked", "skipped": "skipped"}
+
+
+def tile_grid(trace: FlashTrace) -> go.Figure:
+    """Query tiles (rows) x key tiles (columns): computed fully, diagonal-masked, or skipped."""
+    nq, nk = trace.num_q_tiles, trace.num_k_tiles
+    code = {"skipped": 0, "diagonal": 1, "full": 2}
+    z = [[0] * nk for _ in range(nq)]
+    hover = [[""] * nk for _ in range(nq)]
+    for t in trace.tiles:
+        z[t.q_tile][t.k_tile] = code[t.status]
+        hover[t.q_tile][t.k_tile] = (f"Q tile {t.q_tile} (rows {t.q_start}–{t.q_end - 1}) × K tile {t.k_tile} "
+                                     f"(keys {t.k_start}–{t.k_end - 1})<br><b>{TILE_LABELS[t.status]}</b>"
+                                     + (f": {t.scores:,} scores" if t.scores else ": every key is in the future"))
+    scale = [[0, TILE_COLORS["skipped"]], [1 / 3, TILE_COLORS["skipped"]], [1 / 3, TILE_COLORS["diagonal"]],
+             [2 / 3, TILE_COLORS["diagonal"]], [2 / 3, TILE_COLORS["full"]], [1, TILE_COLORS["full"]]]
+    gap = 2 if max(nq, nk) <= 40 else 0
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(nk)), y=list(range(nq)), zmin=-0.5, zmax=2.5, colorscale=scale,
+                               showscale=False, xgap=gap, ygap=gap, customdata=hover,
+                               hovertemplate="%{customdata}<extra></extra>"))
+    for status in ("full", "diagonal", "skipped"):  # legend entries for the three colours
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=f"{TILE_LABELS[status]} ({trace.count(status)})",
+                        marker=dict(size=12, symbol="square", color=TILE_COLORS[status],
+                                    line=dict(color="#9CA3AF", width=1)))
+    if trace.row is not None:
+        qt = trace.row // trace.block_m
+        visited = [t.k_tile for t in trace.tiles if t.q_tile == qt and t.status != "skipped"]
+        fig.add_shape(type="rect", x0=-0.5, x1=max(visited) + 0.5, y0=qt - 0.5, y1=qt + 0.5,
+                      line=dict(color=ACCENT, width=3))
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=f"Q tile of row {trace.row}",
+                        marker=dict(size=12, symbol="square-open", color=ACCENT, line=dict(width=3)))
+    fig.update_layout(title=f"{nq} × {nk} tile pairs ({trace.block_m} queries × {trace.block_n} keys each)",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
+    fig.update_xaxes(title_text="K/V tile j (streams past, left to right)", range=[-0.5, nk - 0.5],
+                     tickmode="linear" if nk <= 24 else "auto", showgrid=False, zeroline=False, constrain="domain")
+    fig.update_yaxes(title_text="Q tile i (one program each)", range=[nq - 0.5, -0.5],
+                     tickmode="linear" if nq <= 24 else "auto", showgrid=False, zeroline=False,
+                     scaleanchor="x", scaleratio=trace.block_m / trace.block_n, constrain="domain")
+    return fig
+
+
+def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> go.Figure:
+    """For the traced row: running max m and running sum l after each K tile, and the rescale factor
+    exp(m_old - m_new) whenever the max grows."""
+    steps = trace.row_steps
+    xs = [s.k_tile for s in steps]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=[0.5, 0.5],
+                        specs=[[{}], [{"secondary_y": True}]],
+                        subplot_titles=(f"Running max m of row {trace.row} (head {trace.head}) after each K tile",
+                                        "Running sum l = Σ exp(s − m), rescaled when m grows"))
+    hover = [f"K tile {s.k_tile}: keys {s.k_start}–{s.k_end - 1} ({s.status}), {s.visible_keys} visible to this row"
+             for s in steps]
+    fig.add_scatter(x=xs, y=[s.tile_max if s.visible_keys else None for s in steps], mode="markers",
+                    name="max score in the tile", marker=dict(size=10, symbol="circle-open", color=MUTED,
+                                                              line=dict(width=2)),
+                    customdata=hover, hovertemplate="%{customdata}<br>tile max %{y:.3f}<extra></extra>", row=1, col=1)
+    fig.add_scatter(x=xs, y=[s.m for s in steps], mode="lines+markers", name="running max m",
+                    line=dict(color="#0072B2", width=3, shape="hv"), marker=dict(size=9),
+                    customdata=hover, hovertemplate="%{customdata}<br>m = %{y:.3f}<extra></extra>", row=1, col=1)
+    grew = [s for s in steps[1:] if s.rescale < 1]
+    fig.add_bar(x=[s.k_tile for s in grew], y=[s.rescale for s in grew], name="rescale exp(m_old − m_new)",
+                marker_color="rgba(213,94,0,0.35)", marker_line=dict(color="#D55E00", width=1.5),
+                text=[f"×{s.rescale:.2g}" for s in grew], textposition="outside", textfont=dict(color="#D55E00"),
+                hovertemplate="K tile %{x}: the max grew, so l and O were multiplied by %{y:.3f}<extra></extra>",
+                row=2, col=1, secondary_y=True)
+    fig.add_scatter(x=xs, y=[s.l for s in steps], mode="lines+markers", name="running sum l",
+                    line=dict(color="#009E73", width=3), marker=dict(size=9),
+                    customdata=hover, hovertemplate="%{customdata}<br>l = %{y:.3f}<extra></extra>",
+                    row=2, col=1, secondary_y=False)
+    for j in [s.k_tile for s in steps if s.visible_keys == 0]:
+        fig.add_vrect(x0=j - 0.5, x1=j + 0.5, fillcolor="#EEF0F3", line_width=0, layer="below")
+    for s in grew:
+        fig.add_vline(x=s.k_tile, line=dict(color="rgba(213,94,0,0.45)", width=1, dash="dot"))
+    lo = min([s.tile_max for s in steps if s.visible_keys] + [exact_m])
+    span = max(exact_m - lo, 1e-3)
+    fig.update_yaxes(range=[lo - 0.1 * span, exact_m + 0.35 * span], row=1, col=1)
+    fig.add_annotation(x=xs[0], y=exact_m, xanchor="left", yanchor="bottom", showarrow=False, row=1, col=1,
+                       text=f"max of the whole row = {exact_m:.3f}", font=dict(size=11, color=MUTED))
+    fig.add_hline(y=exact_m, line=dict(color=MUTED, dash="dot"), row=1, col=1)
+    fig.add_hline(y=exact_l, line=dict(color=MUTED, dash="dot"), row=2, col=1)
+    fig.add_annotation(x=xs[0], y=exact_l, xanchor="left", yanchor="bottom", showarrow=False, row=2, col=1,
+                       text=f"Σ exp(s − max) over the whole row = {exact_l:.3f}", font=dict(size=11, color=MUTED))
+    fig.update_xaxes(title_text="K tile j streamed so far", tickmode="linear" if len(xs) <= 30 else "auto",
+                     range=[min(xs) - 0.6, max(xs) + 0.6], row=2, col=1)
+    fig.update_xaxes(range=[min(xs) - 0.6, max(xs) + 0.6], row=1, col=1)
+    fig.update_yaxes(title_text="scaled score", row=1, col=1)
+    fig.update_yaxes(title_text="l", range=[0, max([s.l for s in steps] + [exact_l]) * 1.3], row=2, col=1,
+                     secondary_y=False)
+    fig.update_yaxes(title_text="rescale", range=[0, 1.3], tickvals=[0, 0.5, 1], row=2, col=1, secondary_y=True,
+                     showgrid=False)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.14, xanchor="left", x=0), bargap=0.55,
+                      margin=dict(b=80))
+    return fig
+
+
+def _pool(matrix: torch.Tensor, max_cells: int) -> tuple[torch.Tensor, int]:
+    """Max-pool an [N, N] matrix (NaN = masked) to at most max_cells per side for display."""
+    n = matrix.shape[0]
+    f = max(1, math.ceil(n / max_cells))
+    if f == 1:
+        return matrix, 1
+    masked = torch.isnan(matrix)
+    filled = matrix.masked_fill(masked, float("-inf"))[None, None]
+    pooled = F.max_pool2d(filled, f, f, ceil_mode=True)[0, 0]
+    return pooled.masked_fill(torch.isinf(pooled) & (pooled < 0), float("nan")), f
+
+
+def score_matrix(probs: torch.Tensor, scores: torch.Tensor, trace: FlashTrace, show: str,
+                 max_cells: int = 320) -> go.Figure:
+    """The [N, N] matrix of one head that naive attention writes to memory and FA2 never does.
+    show = "probabilities" (log10 P) or "scores" (S = QKᵀ/√d); future keys blank."""
+    n = probs.shape[0]
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if show == "probabilities":
+        m = probs.float().clamp_min(1e-8).log10().masked_fill(causal, float("nan"))
+        colorbar, zmin, zmax, cs = "log₁₀ P", -4.0, 0.0, "Viridis"
+    else:
+        m = scores.float().masked_fill(causal, float("nan"))
+        finite = m[~torch.isnan(m)]
+        colorbar, cs = "S", "RdBu_r"
+        bound = float(finite.abs().quantile(0.995)) if finite.numel() else 1.0
+        zmin, zmax = -bound, bound
+    shown, f = _pool(m, max_cells)
+    ticks = [i * f for i in range(shown.shape[0])]
+    fig = go.Figure(go.Heatmap(z=shown.tolist(), x=ticks, y=ticks, colorscale=cs, zmin=zmin, zmax=zmax,
+                               colorbar=dict(title=colorbar, thickness=12),
+                               hovertemplate="query %{y} · key %{x}: %{z:.3f}<extra></extra>", hoverongaps=False))
+    # Tile boundaries as the kernel sees them (only when they stay readable).
+    if n / trace.block_m <= 48:
+        for r in range(trace.block_m, n, trace.block_m):
+            fig.add_hline(y=r - 0.5, line=dict(color="rgba(255,255,255,0.55)", width=1))
+    if n / trace.block_n <= 48:
+        for c in range(trace.block_n, n, trace.block_n):
+            fig.add_vline(x=c - 0.5, line=dict(color="rgba(255,255,255,0.55)", width=1))
+    if trace.row is not None:
+        fig.add_hline(y=trace.row, line=dict(color=ACCENT, width=2))
+    what = "softmax probabilities P (log scale)" if show == "probabilities" else "scores S = QKᵀ/√d"
+    pooled = f" (shown max-pooled {f}×{f})" if f > 1 else ""
+    fig.update_layout(title=f"The {n}×{n} {what} naive attention writes{pooled}")
+    fig.update_xaxes(title_text="key position", range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(title_text="query position", autorange="reversed", showgrid=False, zeroline=False,
+                     scaleanchor="x")
+    return fig
+
+
+def method_chart(results: list[MethodResult]) -> go.Figure:
+    """Time per method (bars, log scale) with the relative error written on each bar."""
+    ok = [r for r in results if not r.error]
+    colors = {True: "#CC79A7", False: "#0072B2"}
+    fig = go.Figure()
+    fig.add_bar(y=[r.method for r in ok], x=[r.ms for r in ok], orientation="h",
+                marker_color=["#D55E00" if "Triton" in r.method else "#9CA3AF" if "re-enactment" in r.method
+                              else colors[r.materialises_scores] for r in ok],
+                text=[f"{r.ms:.3g} ms · err {r.rel_err:.1e}" for r in ok], textposition="outside",
+                customdata=[[r.what, r.dtype, r.device] for r in ok],
+                hovertemplate="<b>%{y}</b><br>%{customdata[0]}<br>%{customdata[1]} on %{customdata[2]}: "
+                              "%{x:.3g} ms<extra></extra>")
+    top = max([r.ms for r in ok] + [1e-3])
+    low = min([r.ms for r in ok] + [top])
+    fig.update_xaxes(type="log", range=[math.log10(low / 2), math.log10(top * 6)],
+                     title_text="milliseconds for all heads of the layer (best of repeats, log scale)")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title="Time and error ‖out − ref‖/‖ref‖ against exact float64 attention", showlegend=False)
+    return fig

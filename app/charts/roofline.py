@@ -1,0 +1,257 @@
+"""Roofline charts: the live kernels against the measured ceilings, the decode batch calculator, and
+the latency a request sees (TTFT from the prefill step, TPOT from decode steps)."""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.config import ModelConfig
+from engine.trace import StepRecord
+from kernels.ceilings import Ceilings
+
+from app.analysis.roofline_math import (FAMILY_OF, KernelPoint, attention_decode_intensity, crossing_batch, decode_step,
+                                        linear_intensity, log_range, step_phase)
+from app.theme import MUTED, STATUS_COLORS
+
+PHASE_COLORS = {"prefill": STATUS_COLORS["prefill"], "decode": STATUS_COLORS["decode"], "mixed": "#7A5195",
+                "idle": MUTED}
+FAMILY_SYMBOLS = {"linear": "circle", "lm_head": "diamond", "attention": "star", "elementwise": "square",
+                  "other": "triangle-up"}
+FAMILY_NAMES = {"linear": "linear layers", "lm_head": "LM head", "attention": "attention",
+                "elementwise": "norm / RoPE / SiLU", "other": "other kernels"}
+MEMORY_FILL = "rgba(0,114,178,0.06)"
+COMPUTE_FILL = "rgba(230,159,0,0.08)"
+
+
+def fmt_rate(x: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _label(p: KernelPoint) -> str:
+    """A kernel's own name, or its family's for a point that sums several kernels."""
+    if p.name not in FAMILY_OF:
+        return FAMILY_NAMES[p.family]
+    return p.name.replace("attention.", "attn.").replace("linear.", "")
+
+
+_RIGHT = ("middle right", "top right", "bottom right", "middle left", "top left", "bottom left")
+_LEFT = ("middle left", "top left", "bottom left", "middle right", "top right", "bottom right")
+
+
+def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[float, float],
+                 y_span: tuple[float, float], width_px: float = 780, height_px: float = 430) -> list[str]:
+    """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other
+    and the markers: greedy, in log space, with box sizes estimated from the font."""
+    dx = (math.log10(x_span[1]) - math.log10(x_span[0])) / width_px  # decades per pixel
+    dy = (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px
+    marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
+              for x, y, _, _ in items]
+    placed: list[tuple[float, float, float, float]] = []
+    out = []
+    for i, (x, y, text, right) in enumerate(items):
+        lx, ly = math.log10(x), math.log10(y)
+        w, h, gap = len(text) * 6.2 * dx, 13 * dy, 9 * dx
+        best, best_hits = None, None
+        for pos in (_RIGHT if right else _LEFT):
+            vert, horiz = pos.split()
+            x0 = lx + gap if horiz == "right" else lx - gap - w
+            y0 = {"middle": ly - h / 2, "top": ly + 0.2 * h, "bottom": ly - 1.2 * h}[vert]
+            box = (x0, x0 + w, y0, y0 + h)
+            hits = sum(1 for o in placed + [m for j, m in enumerate(marker) if j != i]
+                       if box[0] < o[1] and o[0] < box[1] and box[2] < o[3] and o[2] < box[3])
+            if best_hits is None or hits < best_hits:
+                best, best_hits, best_box = pos, hits, box
+            if hits == 0:
+                break
+        placed.append(best_box)
+        out.append(best)
+    return out
+
+
+def _log_span(values: list[float], lo_default: float, hi_default: float, pad: float = 2.5) -> tuple[float, float]:
+    lo = min([lo_default] + [v / pad for v in values if v > 0])
+    hi = max([hi_default] + [v * pad for v in values if v > 0])
+    return lo, hi
+
+
+def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoint], title: str) -> go.Figure:
+    """Log-log roofline: the roof from the measured ceilings, the selected step's kernels large and
+    labelled (colour = the step's phase, symbol = kernel family), the run's other steps faded (one
+    point per phase and kernel, see `phase_points`)."""
+    every = now + earlier
+    x_lo, x_hi = _log_span([p.intensity for p in every], c.ridge / 30, c.ridge * 60)
+    y_lo, y_hi = _log_span([p.flops_per_s for p in every], c.peak_flops / 3000, c.peak_flops * 3)
+    y_lo = max(y_lo, c.peak_flops / 1e6)
+    fig = go.Figure()
+    # Regions: left of the ridge every kernel is memory-bound, right of it compute-bound.
+    fig.add_shape(type="rect", xref="x", yref="paper", x0=x_lo, x1=c.ridge, y0=0, y1=1, fillcolor=MEMORY_FILL,
+                  line_width=0, layer="below")
+    fig.add_shape(type="rect", xref="x", yref="paper", x0=c.ridge, x1=x_hi, y0=0, y1=1, fillcolor=COMPUTE_FILL,
+                  line_width=0, layer="below")
+    xs = log_range(x_lo, x_hi)
+    fig.add_scatter(x=xs, y=[c.attainable(x) for x in xs], mode="lines", name="roof: min(π, β·I)",
+                    line=dict(color="#111827", width=3), hoverinfo="skip")
+    fig.add_scatter(x=[c.ridge, c.ridge], y=[y_lo, c.peak_flops], mode="lines", showlegend=False,
+                    line=dict(color=MUTED, width=1.5, dash="dot"), hoverinfo="skip")
+    fig.add_scatter(x=[c.ridge], y=[c.peak_flops], mode="markers", name="ridge point",
+                    marker=dict(size=12, color="white", line=dict(color="#111827", width=2.5)),
+                    hovertemplate=f"ridge: I* = π/β = {c.ridge:.3g} FLOP/byte<extra></extra>")
+    fig.add_annotation(x=math.log10(c.ridge), y=math.log10(c.peak_flops), text=f"<b>ridge</b> {c.ridge:.3g} FLOP/B",
+                       showarrow=True, arrowhead=0, ax=-20, ay=-34, font=dict(size=12, color="#111827"))
+    fig.add_annotation(x=math.log10(c.ridge * 1.6), y=math.log10(c.peak_flops), xanchor="left", yanchor="bottom",
+                       text=f"compute roof π = {fmt_rate(c.peak_flops, 'FLOP/s')}", showarrow=False,
+                       font=dict(size=12, color="#374151"))
+    slope_x = max(x_lo * 3, c.ridge / 40)
+    fig.add_annotation(x=math.log10(slope_x), y=math.log10(c.attainable(slope_x)), xanchor="left", yanchor="bottom",
+                       text=f"bandwidth β = {fmt_rate(c.peak_bytes_per_s, 'B/s')}", showarrow=False, textangle=-28,
+                       font=dict(size=12, color="#374151"))
+    fig.add_annotation(x=0.01, y=0.02, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
+                       text="memory-bound", showarrow=False, font=dict(color="#0072B2", size=13))
+    fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+                       text="compute-bound", showarrow=False, font=dict(color="#B07800", size=13))
+
+    # Current kernels are labelled first (to the right); the other steps only for the two families the
+    # story is about (linear layers, attention), to the left, where there is room.
+    others_labelled = [p for p in earlier if p.family == "attention"
+                       or (p.family == "linear" and p.name not in FAMILY_OF)]  # the summed "linear layers" point
+    items = [(p.intensity, p.flops_per_s, _label(p), True) for p in now]
+    items += [(p.intensity, p.flops_per_s, _label(p), False) for p in others_labelled]
+    positions = dict(zip([id(p) for p in now + others_labelled], place_labels(items, (x_lo, x_hi), (y_lo, y_hi))))
+    for phase in ("prefill", "mixed", "decode"):
+        pts = [p for p in earlier if p.phase == phase]
+        if not pts:
+            continue
+        fig.add_scatter(
+            x=[p.intensity for p in pts], y=[p.flops_per_s for p in pts], mode="markers+text",
+            name=f"other {phase} steps (summed)", legendgroup=f"other-{phase}",
+            text=[_label(p) if id(p) in positions else "" for p in pts],
+            textposition=[positions.get(id(p), "middle left") for p in pts],
+            textfont=dict(size=10, color=PHASE_COLORS[phase]),
+            marker=dict(size=11, color=PHASE_COLORS[phase], opacity=0.35,
+                        symbol=[FAMILY_SYMBOLS[p.family] for p in pts]),
+            customdata=[[p.name, p.calls, p.bytes_per_s] for p in pts],
+            hovertemplate=f"all other {phase} steps: " + "%{customdata[0]} × %{customdata[1]} calls"
+                          "<br>I = %{x:.3g} FLOP/B · %{y:.3s}FLOP/s · %{customdata[2]:.3s}B/s<extra></extra>",
+        )
+    for family in ("linear", "lm_head", "attention", "elementwise", "other"):
+        pts = [p for p in now if p.family == family]
+        if not pts:
+            continue
+        color = PHASE_COLORS[pts[0].phase]
+        fig.add_scatter(
+            x=[p.intensity for p in pts], y=[p.flops_per_s for p in pts], mode="markers+text",
+            name=f"{FAMILY_NAMES[family]} (this step)", text=[_label(p) for p in pts],
+            textposition=[positions[id(p)] for p in pts], textfont=dict(size=11, color="#1F2937"),
+            marker=dict(size=15, color=color, symbol=FAMILY_SYMBOLS[family], line=dict(color="#1F2937", width=1)),
+            customdata=[[p.name, p.calls, p.seconds * 1e3, p.bytes_per_s, c.attainable(p.intensity)] for p in pts],
+            hovertemplate="<b>%{customdata[0]}</b> × %{customdata[1]} calls, %{customdata[2]:.2f} ms"
+                          "<br>I = %{x:.3g} FLOP/byte<br>achieved %{y:.3s}FLOP/s (%{customdata[3]:.3s}B/s)"
+                          "<br>roof here: %{customdata[4]:.3s}FLOP/s<extra></extra>",
+        )
+    fig.update_xaxes(type="log", range=[math.log10(x_lo), math.log10(x_hi)],
+                     title_text="arithmetic intensity I = FLOPs / bytes moved  (FLOP per byte, log)")
+    fig.update_yaxes(type="log", range=[math.log10(y_lo), math.log10(y_hi)],
+                     title_text="achieved FLOP/s (log)")
+    fig.update_layout(title=title, legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02),
+                      margin=dict(r=10))
+    return fig
+
+
+def decode_calculator_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:
+    """Left: intensity vs batch for the decode linear layers, the whole decode step (with the KV
+    read at `context`) and decode attention, against the ridge. Right: the roofline-predicted
+    decode throughput vs batch."""
+    batches = [int(round(b)) for b in log_range(1, 4096, 120)]
+    batches = sorted(set(batches))
+    lin = [linear_intensity(cfg, b, elem) for b in batches]
+    whole = [decode_step(cfg, b, context, elem).intensity for b in batches]
+    attn = attention_decode_intensity(cfg, elem)
+    cross = crossing_batch(cfg, elem, c.ridge)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("Arithmetic intensity of a decode step", "Roofline-predicted decode throughput"))
+    fig.add_scatter(x=batches, y=lin, mode="lines", name="linear layers (weights read once per step)",
+                    line=dict(color=PHASE_COLORS["decode"], width=3), row=1, col=1,
+                    hovertemplate="batch %{x}: %{y:.3g} FLOP/B<extra>linear layers</extra>")
+    fig.add_scatter(x=batches, y=whole, mode="lines", name=f"whole step incl. KV read at {context} tokens",
+                    line=dict(color="#7A5195", width=2.5, dash="dash"), row=1, col=1,
+                    hovertemplate="batch %{x}: %{y:.3g} FLOP/B<extra>whole step</extra>")
+    fig.add_scatter(x=[1, 4096], y=[attn, attn], mode="lines", name="decode attention (any batch)",
+                    line=dict(color="#009E73", width=2.5, dash="dot"), row=1, col=1,
+                    hovertemplate=f"{attn:.3g} FLOP/B<extra>attention</extra>")
+    fig.add_scatter(x=[1, 4096], y=[c.ridge, c.ridge], mode="lines", name=f"ridge {c.ridge:.3g} FLOP/B",
+                    line=dict(color="#111827", width=1.5), row=1, col=1, hoverinfo="skip")
+    here = decode_step(cfg, batch, context, elem)
+    fig.add_scatter(x=[batch], y=[linear_intensity(cfg, batch, elem)], mode="markers", name=f"batch {batch}",
+                    marker=dict(size=14, color=PHASE_COLORS["decode"], line=dict(color="#111827", width=2)),
+                    row=1, col=1, hovertemplate="batch %{x}: linear I = %{y:.3g} FLOP/B<extra></extra>")
+    if cross is not None:
+        fig.add_vline(x=cross, line=dict(color=MUTED, dash="dot"), row=1, col=1)
+        fig.add_annotation(x=math.log10(cross), y=math.log10(c.ridge), xref="x", yref="y", text=f"crosses at batch {cross}",
+                           showarrow=True, ax=-60, ay=-40, font=dict(size=12))
+    tps = [b / decode_step(cfg, b, context, elem).seconds(c) for b in batches]
+    fig.add_scatter(x=batches, y=tps, mode="lines", name="tokens/s = batch / max(FLOPs/π, bytes/β)",
+                    line=dict(color="#D55E00", width=3), row=1, col=2,
+                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
+    fig.add_scatter(x=[batch], y=[batch / here.seconds(c)], mode="markers", showlegend=False,
+                    marker=dict(size=14, color="#D55E00", line=dict(color="#111827", width=2)), row=1, col=2,
+                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
+    fig.update_xaxes(type="log", title_text="batch size (sequences decoding together)")
+    fig.update_yaxes(type="log", title_text="FLOP per byte", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="output tokens per second", row=1, col=2)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
+                      margin=dict(b=110))
+    return fig
+
+
+def step_latency_chart(history: list[StepRecord], selected: int) -> go.Figure:
+    """Forward time of every step so far, coloured by phase: the prefill step is the TTFT spike,
+    the flat decode steps are the TPOT."""
+    fig = go.Figure()
+    for phase in ("prefill", "mixed", "decode", "idle"):
+        recs = [r for r in history if step_phase(r) == phase]
+        if not recs:
+            continue
+        fig.add_bar(x=[r.step for r in recs], y=[r.wall_seconds * 1e3 for r in recs], name=phase,
+                    marker=dict(color=PHASE_COLORS[phase],
+                                line=dict(color=["#111827" if r.step == selected else "rgba(0,0,0,0)" for r in recs],
+                                          width=2.5)),
+                    customdata=[[r.num_prefill_tokens, r.num_decode_tokens] for r in recs],
+                    hovertemplate="step %{x}: %{y:.0f} ms<br>%{customdata[0]} prefill + %{customdata[1]} decode "
+                                  "tokens<extra></extra>")
+    fig.update_layout(title="Time of every step so far", xaxis_title="engine step", yaxis_title="milliseconds",
+                      barmode="overlay", bargap=0.15)
+    last = max((r.step for r in history), default=0)
+    fig.update_xaxes(range=[-0.6, max(last, 7) + 0.6], dtick=1 if last <= 20 else None)
+    return fig
+
+
+def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
+    """TTFT and TPOT of every request that has them at the selected step."""
+    reqs = sorted(record.requests, key=lambda q: order.index(q.request_id) if q.request_id in order else 1e9)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("TTFT: arrival → first token", "TPOT: time per later token"))
+    ids = [q.request_id for q in reqs]
+    ttft = [q.ttft_seconds * 1e3 if q.ttft_seconds >= 0 else None for q in reqs]
+    tpot = [q.tpot_seconds * 1e3 if q.tpot_seconds >= 0 else None for q in reqs]
+    fig.add_bar(x=ids, y=ttft, marker_color=PHASE_COLORS["prefill"], name="TTFT", row=1, col=1,
+                text=[f"{v:.0f} ms" if v is not None else "" for v in ttft], textposition="outside",
+                customdata=[q.prompt_len for q in reqs],
+                hovertemplate="%{x}: %{y:.0f} ms (prompt %{customdata} tokens)<extra></extra>")
+    fig.add_bar(x=ids, y=tpot, marker_color=PHASE_COLORS["decode"], name="TPOT", row=1, col=2,
+                text=[f"{v:.0f} ms" if v is not None else "" for v in tpot], textposition="outside",
+                customdata=[q.output_len for q in reqs],
+                hovertemplate="%{x}: %{y:.1f} ms per token (%{customdata} generated)<extra></extra>")
+    top1 = max([v for v in ttft if v is not None] + [1])
+    top2 = max([v for v in tpot if v is not None] + [1])
+    fig.update_yaxes(title_text="milliseconds", range=[0, top1 * 1.25], row=1, col=1)
+    fig.update_yaxes(title_text="milliseconds", range=[0, top2 * 1.25], row=1, col=2)
+    if not any(v is not None for v in tpot):
+        fig.add_annotation(x=0.5, y=0.5, xref="x2 domain", yref="y2 domain", showarrow=False,
+                           text="needs two tokens:<br>step once more", font=dict(color=MUTED, size=13))
+    fig.update_layout(showlegend=False)
+    return fig

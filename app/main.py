@@ -1,0 +1,37 @@
+"""InferScope entry point: `python -m streamlit run app/main.py`.
+
+Builds the navigation from `app.registry`, applies the page-wide look (wide layout, presentation
+mode) and runs the selected page. Pages own their engines; this file never touches the model.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/, not the repo root, on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app.presentation import apply_presentation_css, presentation_controls, presentation_on  # noqa: E402
+from app.registry import HOME, pages_by_section  # noqa: E402
+from app.widgets.sidebar import sidebar_status  # noqa: E402
+
+st.set_page_config(page_title="InferScope", page_icon=":material/visibility:", layout="wide",
+                   initial_sidebar_state="collapsed" if presentation_on() else "expanded")
+
+
+def _page(spec) -> st.Page:  # noqa: ANN001 (PageSpec)
+    return st.Page(spec.file, title=spec.title, icon=spec.icon, url_path=spec.url_path,
+                   default=spec is HOME)
+
+
+nav = {"": [_page(HOME)]}
+nav.update({section: [_page(p) for p in specs] for section, specs in pages_by_section().items()})
+current = st.navigation(nav, position="sidebar")
+
+apply_presentation_css()
+presentation_controls()
+sidebar_status()
+current.run()

@@ -1,0 +1,53 @@
+"""Presentation mode: larger type and no sidebar, for a projector. Charts switch to the larger
+Plotly template through `app.theme.show_figure`."""
+from __future__ import annotations
+
+import streamlit as st
+
+KEY = "presentation"
+
+_BASE_CSS = """
+<style>
+  /* Plotly charts get breathing room; metric values line up. */
+  [data-testid="stMainBlockContainer"] { padding-top: 2.2rem; padding-bottom: 3rem; }
+  [data-testid="stPlotlyChart"] { margin-bottom: 0.4rem; }
+  [data-testid="stMetricValue"] { font-variant-numeric: tabular-nums; }
+</style>
+"""
+
+_PRESENT_CSS = """
+<style>
+  html, body, [data-testid="stAppViewContainer"] { font-size: 20px; }
+  [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none !important; }
+  [data-testid="stMainBlockContainer"] { max-width: 100% !important; padding-left: 2.5rem; padding-right: 2.5rem; }
+  h1 { font-size: 2.6rem !important; }
+  h2 { font-size: 2.0rem !important; }
+  h3 { font-size: 1.6rem !important; }
+  [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li { font-size: 1.2rem; }
+  /* Metric values are markdown too: keep them big (the rule above would shrink them). */
+  [data-testid="stMetricValue"], [data-testid="stMetricValue"] * { font-size: 2.6rem !important; }
+  [data-testid="stMetricLabel"] p { font-size: 1.05rem !important; }
+</style>
+"""
+
+
+def presentation_on() -> bool:
+    return bool(st.session_state.get(KEY, False))
+
+
+def _exit() -> None:
+    st.session_state[KEY] = False
+
+
+def apply_presentation_css() -> None:
+    st.markdown(_BASE_CSS, unsafe_allow_html=True)
+    if presentation_on():
+        st.markdown(_PRESENT_CSS, unsafe_allow_html=True)
+
+
+def presentation_controls() -> None:
+    """The toggle lives in the sidebar; while the sidebar is hidden, an exit button sits on the page."""
+    st.sidebar.toggle("Presentation mode", key=KEY, help="Larger fonts and charts, sidebar hidden")
+    if presentation_on():
+        st.button("Exit presentation mode", key="presentation-exit", icon=":material/close_fullscreen:",
+                  on_click=_exit, type="tertiary")

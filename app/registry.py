@@ -1,0 +1,86 @@
+"""The list of topic pages. `app/main.py` builds the navigation from it and the home page links to
+every entry, so adding a page is: write `pages/NN_topic.py`, add one `PageSpec` here.
+
+Entries without a `path` are planned topics: the home page lists them as "coming", the navigation
+leaves them out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Section order and names follow the seed outline.
+SECTIONS: tuple[str, ...] = ("Memory and attention", "Scheduling and decoding", "Serving")
+
+
+@dataclass(frozen=True, slots=True)
+class PageSpec:
+    title: str
+    section: str
+    summary: str
+    icon: str
+    path: str | None = None  # relative to the repo root; None = planned
+    url_path: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.path is not None and (ROOT / self.path).is_file()
+
+    @property
+    def file(self) -> Path:
+        assert self.path is not None
+        return ROOT / self.path
+
+
+HOME = PageSpec("Home", "", "What InferScope is and what is live.", ":material/home:", "pages/00_home.py", "home")
+
+PAGES: tuple[PageSpec, ...] = (
+    PageSpec("KV cache", "Memory and attention",
+             "2 × layers × KV heads × head dim × bytes per token, live: the cache growing, MHA/GQA/MQA, "
+             "long-context sizing, and decoding with vs without the cache timed on the model.",
+             ":material/database:", "pages/01_kv_cache.py", "kv-cache"),
+    PageSpec("Attention roofline", "Memory and attention",
+             "The live kernels of every step on this machine's measured roofline: prefill near the compute "
+             "roof, decode on the bandwidth slope; TTFT vs TPOT, and a batch-size calculator.",
+             ":material/speed:", "pages/02_attention_roofline.py", "attention-roofline"),
+    PageSpec("PagedAttention", "Memory and attention",
+             "The physical block pool, block tables, the free list, copy-on-write for parallel samples, "
+             "and the measured waste of paged vs contiguous reservation.",
+             ":material/grid_view:", "pages/03_paged_attention.py", "paged-attention"),
+    PageSpec("FlashAttention-2", "Memory and attention",
+             "The tile schedule, one row's running max and sum, and the N × N matrix never written, on the real "
+             "Q, K, V of your prompt; time and error vs naive attention and SDPA.",
+             ":material/bolt:", "pages/05_flashattention.py", "flashattention"),
+    PageSpec("Radix prefix cache", "Memory and attention",
+             "The radix tree of cached prompt prefixes growing as requests arrive: locks, LRU eviction in a "
+             "small pool, hit rate, and prefill tokens and time saved, measured with the cache on and off.",
+             ":material/account_tree:", "pages/06_radix_prefix_cache.py", "radix-prefix-cache"),
+    PageSpec("Continuous batching", "Scheduling and decoding",
+             "The batch rebuilt every iteration: arrivals, a Gantt of every request, preemption, and "
+             "static vs continuous batching measured on the same requests.",
+             ":material/view_timeline:", "pages/04_continuous_batching.py", "continuous-batching"),
+    PageSpec("Chunked prefill", "Scheduling and decoding",
+             "Prompt chunks co-scheduled with decodes under a token budget: tokens per iteration, measured "
+             "iteration time and time between tokens, and the worst stall with chunking on vs off.",
+             ":material/splitscreen:", "pages/09_chunked_prefill.py", "chunked-prefill"),
+    PageSpec("Speculative decoding", "Scheduling and decoding",
+             "Draft, verify, accept with min(1, p/q).", ":material/fast_forward:"),
+    PageSpec("Medusa and EAGLE", "Scheduling and decoding",
+             "Tree speculation from the model's own hidden states.", ":material/park:"),
+    PageSpec("Disaggregated prefill/decode", "Serving",
+             "Separate prefill and decode pools with a KV handoff.", ":material/swap_horiz:"),
+)
+
+
+def available_pages() -> list[PageSpec]:
+    return [p for p in PAGES if p.available]
+
+
+def pages_by_section(include_planned: bool = False) -> dict[str, list[PageSpec]]:
+    out: dict[str, list[PageSpec]] = {s: [] for s in SECTIONS}
+    for p in PAGES:
+        if include_planned or p.available:
+            out.setdefault(p.section, []).append(p)
+    return {s: ps for s, ps in out.items() if ps}

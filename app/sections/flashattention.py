@@ -1,0 +1,245 @@
+"""Sections of the FlashAttention-2 page (pages/05_flashattention.py composes them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from kernels.flash_trace import FlashTrace, flash_attention_tiled
+
+from app.analysis.flash_compare import AttentionMemory, MethodResult, compare_methods
+from app.analysis.flash_qkv import LayerQKV, layer_qkv
+from app.analysis.kv_math import human_bytes
+from app.charts.flash_tiles import method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.explain import explanation
+
+PAGE = "flash"
+MAX_TOKENS = 1024
+TILE_SIZES = [8, 16, 32, 64, 128]
+DEFAULT_PROMPT = (
+    "FlashAttention computes exact attention without ever writing the full matrix of attention scores to "
+    "memory. It splits the queries into tiles that stay in fast on-chip memory, streams the keys and values "
+    "past them tile by tile, and keeps only a running maximum and a running sum for every query row. When a "
+    "new tile contains a larger score, everything accumulated so far is rescaled by the exponential of the "
+    "difference between the old and the new maximum. With a causal mask, tiles that lie entirely in the "
+    "future of every query in the tile are skipped, so about half of the work disappears. Explain this to a "
+    "student in three short sentences."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FlashSettings:
+    token_ids: tuple[int, ...]
+    layer: int
+    head: int
+    block_m: int
+    block_n: int
+    row: int
+    show: str  # "probabilities" or "scores"
+
+
+def flash_header() -> None:
+    cfg = shared_weights().config
+    model = cfg.name if weights_mode() == "real" else f"random weights ({cfg.name} shape)"
+    st.caption(f":material/memory: **{model}** · live attention backend: **{backend_summary()}** · "
+               f"dtype {dtype_name()}")
+
+
+def flash_explanation() -> None:
+    explanation(
+        "Online softmax, one key tile at a time",
+        [r"S_{ij} = Q_i K_j^{\top} / \sqrt{d}, \qquad m^{(j)} = \max\big(m^{(j-1)},\ \operatorname{rowmax} S_{ij}\big)",
+         r"\ell^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,\ell^{(j-1)} + \operatorname{rowsum} e^{\,S_{ij} - m^{(j)}}",
+         r"O^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,O^{(j-1)} + e^{\,S_{ij} - m^{(j)}}\, V_j",
+         r"O = O^{(\text{last})} \,/\, \ell^{(\text{last})}",
+         r"\text{memory: naive } \Theta(N^2) \text{ per head}, \quad \text{FA2 } \Theta(N)"],
+        ["The tile grid: one Q tile per program; K/V tiles stream past it. Blue tiles need no mask, orange tiles "
+         "straddle the diagonal and apply the causal mask, grey tiles are entirely in the future and are never "
+         "loaded: about half the grid.",
+         "The row chart: the running max only ever rises; each time it does, the sum so far (and the output "
+         "accumulator) is multiplied by exp(m_old − m_new) < 1. After the last tile both equal the values "
+         "computed from the whole row at once: exact, not an approximation.",
+         "The heatmap is what naive attention writes to memory for one head: N² numbers (and the same again for "
+         "the probabilities). FA2 keeps two numbers per row instead.",
+         "Change the tile sizes: the number of skipped tiles and of rescales changes, the output does not "
+         "(the error column stays at float rounding).",
+         "In deep layers the first token (an attention sink) holds the row's max from tile 0 on, so the max "
+         "rarely grows; early layers (0–3) rescale more often."],
+        note="The real Triton kernel also works in base 2 (exp2 with scores pre-multiplied by log₂e) and keeps O "
+             "unnormalised in fp32 registers; the math is the same.",
+    )
+
+
+def _tokenize(prompt: str, chat: bool) -> list[int]:
+    tok = shared_weights().tokenizer
+    if chat:
+        return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    return tok.encode(prompt)
+
+
+def settings_section() -> FlashSettings | None:
+    cfg = shared_weights().config
+    with st.form("flash-prompt-form", border=False):
+        c = st.columns([5, 1], vertical_alignment="bottom")
+        prompt = c[0].text_area("Prompt (its real Q, K, V are taken from the model)", DEFAULT_PROMPT, height=100,
+                                key="flash-prompt")
+        chat = c[1].checkbox("chat template", True, key="flash-chat")
+        c[1].form_submit_button("Use this prompt", icon=":material/play_arrow:", type="primary")
+    if not str(prompt).strip():
+        st.error("Type a prompt: FlashAttention needs at least one token.", icon=":material/error:")
+        return None
+    ids = _tokenize(str(prompt), bool(chat))
+    if len(ids) > MAX_TOKENS:
+        st.warning(f"The prompt has {len(ids)} tokens; this page uses the first {MAX_TOKENS}.", icon=":material/content_cut:")
+        ids = ids[:MAX_TOKENS]
+    n = len(ids)
+    c = st.columns([1.2, 1, 1, 1, 2.2, 1.2])
+    layer = c[0].slider("Layer", 0, cfg.num_layers - 1, 3, key="flash-layer")
+    head = c[1].selectbox("Query head", list(range(cfg.num_heads)), index=min(3, cfg.num_heads - 1), key="flash-head",
+                          help=f"{cfg.num_heads} query heads share {cfg.num_kv_heads} KV heads "
+                               f"(head h reads KV head h // {cfg.num_heads // cfg.num_kv_heads})")
+    block_m = c[2].selectbox("Q tile (BLOCK_M)", TILE_SIZES, index=1, key="flash-bm")
+    block_n = c[3].selectbox("K tile (BLOCK_N)", TILE_SIZES, index=1, key="flash-bn")
+    if not 0 <= st.session_state.get("flash-row", -1) < n:
+        st.session_state["flash-row"] = n - 1  # first visit, or a shorter prompt: follow the last row
+    row = c[4].slider("Query row to follow", 0, max(n - 1, 1), key="flash-row", disabled=n == 1,
+                      help="Its running max and sum are traced tile by tile") if n > 1 else 0
+    show = c[5].radio("Heatmap", ["probabilities", "scores"], key="flash-show")
+    st.caption(f"{n} tokens → N = {n} query rows and N keys per head. The real H200 kernel uses 64 × 64 tiles "
+               "(bench/kernels.py); small tiles here make the grid readable.")
+    return FlashSettings(tuple(ids), int(layer), int(head), int(block_m), int(block_n), int(row), str(show))
+
+
+def _cached(key: tuple, build):  # noqa: ANN001, ANN202
+    """One entry per kind in the page cache: recomputed only when its inputs change."""
+    cache = page_cache(PAGE)
+    kind = key[0]
+    if cache.get(kind, (None,))[0] != key:
+        cache[kind] = (key, build())
+    return cache[kind][1]
+
+
+def get_qkv(s: FlashSettings) -> LayerQKV:
+    def build() -> LayerQKV:
+        weights = shared_weights()
+        dt = getattr(torch, dtype_name())
+        return layer_qkv(weights, list(s.token_ids), s.layer, device(), dt)
+
+    return _cached(("qkv", s.token_ids, s.layer), build)
+
+
+def get_trace(s: FlashSettings, qkv: LayerQKV) -> FlashTrace:
+    return _cached(("trace", s.token_ids, s.layer, s.block_m, s.block_n, s.row, s.head),
+                   lambda: flash_attention_tiled(qkv.q.float(), qkv.k.float(), qkv.v.float(), qkv.scale,
+                                                 s.block_m, s.block_n, trace_row=s.row, trace_head=s.head))
+
+
+def head_matrices(qkv: LayerQKV, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores and causal softmax probabilities [N, N] of one head (CPU, fp32)."""
+    group = qkv.q.shape[1] // qkv.k.shape[1]
+    q = qkv.q[:, head].float().cpu()
+    k = qkv.k[:, head // group].float().cpu()
+    s = (q @ k.T) * qkv.scale
+    n = s.shape[0]
+    p = torch.softmax(s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+    return s, p
+
+
+def tiles_section(s: FlashSettings, trace: FlashTrace, scores: torch.Tensor) -> None:
+    st.subheader("The tile schedule, and one row's online softmax")
+    m = st.columns(5)
+    total = trace.num_q_tiles * trace.num_k_tiles
+    m[0].metric("Tile pairs", f"{total}", help=f"{trace.num_q_tiles} Q tiles × {trace.num_k_tiles} K tiles")
+    m[1].metric("Computed without a mask", trace.count("full"))
+    m[2].metric("Diagonal (masked)", trace.count("diagonal"))
+    m[3].metric("Skipped by causality", trace.count("skipped"),
+                delta=f"{trace.count('skipped') / total:.0%} of the grid never loaded", delta_color="off")
+    computed = sum(t.scores for t in trace.tiles)
+    m[4].metric("Scores computed", f"{computed / trace.seq_len ** 2:.0%} of N²",
+                help=f"{computed:,} of {trace.seq_len ** 2:,}; the exact causal half is "
+                     f"{trace.seq_len * (trace.seq_len + 1) // 2:,}: the diagonal tiles compute a few masked extras")
+    row_scores = scores[s.row, : s.row + 1]
+    exact_m = float(row_scores.max())
+    exact_l = float(torch.exp(row_scores - exact_m).sum())
+    left, right = st.columns([1, 1.25])
+    with left:
+        show_figure(tile_grid(trace), key="flash-grid", height=480)
+    with right:
+        show_figure(online_softmax_chart(trace, exact_m, exact_l), key="flash-online", height=480)
+    last = trace.row_steps[-1]
+    rescales = sum(1 for r in trace.row_steps[1:] if r.rescale < 1)
+    st.caption(f"Row {s.row} visits {len(trace.row_steps)} K tiles; its max grew (forcing a rescale) "
+               f"{rescales} time{'s' if rescales != 1 else ''}. After the last tile: m = {last.m:.4f}, "
+               f"l = {last.l:.4f}; computed from the whole row at once: max = {exact_m:.4f}, "
+               f"Σ exp(s − max) = {exact_l:.4f}.")
+
+
+def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: torch.Tensor,
+                   probs: torch.Tensor) -> None:
+    st.subheader("The N × N matrix FlashAttention never writes")
+    cfg = shared_weights().config
+    n = qkv.seq_len
+    left, right = st.columns([1.25, 1])
+    with left:
+        show_figure(score_matrix(probs, scores, trace, s.show), key="flash-matrix", height=560)
+    with right:
+        here = AttentionMemory(n, cfg.num_heads, 4)
+        c = st.columns(2)
+        c[0].metric("Naive: S for this layer (fp32)", human_bytes(here.naive_scores_bytes),
+                    help=f"{cfg.num_heads} heads × {n}² × 4 bytes, and the probabilities P again")
+        c[1].metric("FA2: m and l for this layer", human_bytes(here.flash_state_bytes),
+                    help=f"{cfg.num_heads} heads × {n} rows × 2 numbers × 4 bytes")
+        st.metric("Ratio", f"{here.naive_scores_bytes / here.flash_state_bytes:,.0f}×",
+                  help="= N / 2: grows linearly with the sequence")
+        rows = []
+        for length in (n, 4096, 32768, 131072):
+            mem = AttentionMemory(length, cfg.num_heads, 2)
+            rows.append({"N": f"{length:,}" + (" (this prompt)" if length == n else ""),
+                         "naive S per layer (bf16)": human_bytes(mem.naive_scores_bytes),
+                         "FA2 m, l per layer": human_bytes(mem.flash_state_bytes),
+                         "per head, naive": human_bytes(mem.naive_scores_bytes / cfg.num_heads)})
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        st.caption("Naive attention writes S to HBM, reads it back for the softmax, writes P, and reads P for "
+                   "the PV matmul: Θ(N²) traffic per head. FA2 computes each S tile in SRAM and throws it away; "
+                   "its HBM traffic is Q, K, V and O (Θ(N·d)).")
+        strongest = int(probs[s.row, : s.row + 1].argmax())
+        tok = shared_weights().tokenizer
+        st.caption(f"Row {s.row} (token “{tok.decode_token(s.token_ids[s.row])}”) puts most weight on key "
+                   f"{strongest} (“{tok.decode_token(s.token_ids[strongest])}”, p = "
+                   f"{float(probs[s.row, strongest]):.2f}). Bright first columns are attention sinks.")
+
+
+def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
+    st.subheader("Same inputs, several implementations: time and error")
+    key = ("compare", s.token_ids, s.layer, s.block_m, s.block_n)
+    cache = page_cache(PAGE)
+    again = st.button("Measure again", icon=":material/timer:", key="flash-measure",
+                      help="Timings on a shared machine are noisy: best of 3 runs each")
+    if again:
+        cache.pop("compare", None)
+    with st.spinner("Timing naive attention, SDPA, the engine's path and the tiled re-enactment…"):
+        results: list[MethodResult] = _cached(key, lambda: compare_methods(qkv, s.block_m, s.block_n))
+    show_figure(method_chart(results), key="flash-methods", height=100 + 62 * len(results))
+    st.dataframe(pd.DataFrame([{"method": r.method, "device": r.device, "dtype": r.dtype,
+                                "ms": r.ms, "rel. error": f"{r.rel_err:.1e}" if r.rel_err == r.rel_err else "–",
+                                "writes N×N": "yes" if r.materialises_scores else "no",
+                                "what runs": r.error or r.what} for r in results]),
+                 hide_index=True, width="stretch",
+                 column_config={"ms": st.column_config.NumberColumn(format="%.3g"),
+                                "what runs": st.column_config.TextColumn(width="large")})
+    gpu = torch.device(device()).type == "cuda"
+    st.caption(
+        f"All heads of layer {s.layer}, N = {qkv.seq_len}; the reference is naive attention in float64. "
+        "The tiled row is an **instrumented Python re-enactment** of FA2 for teaching: one Python loop iteration "
+        "per tile pair, so it is slow; it shows the algorithm, not its speed. "
+        + ("The **Triton kernel** rows are the real FA2 kernel the engine runs on this GPU." if gpu else
+           "The real FA2 kernel is the Triton kernel the engine runs on CUDA (`kernels/prefill_attention_triton.py`); "
+           "this server has no GPU, so the engine runs the torch reference path, which is what the "
+           "“engine attention path” row times. At a few hundred tokens the whole N × N matrix fits in "
+           "the CPU's caches, so materialising it costs little here; FlashAttention's win is the HBM traffic it saves on a GPU at long N "
+           "(the table above: gigabytes per layer at 32k tokens)."))

@@ -1,0 +1,256 @@
+"""Sections of the attention roofline page (pages/02_attention_roofline.py composes them)."""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.trace import StepRecord
+from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, measure_ceilings
+
+from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
+                                        phase_points,
+                                        flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
+                                        unplottable_kernels)
+from app.charts.roofline import (decode_calculator_chart, fmt_rate, request_latency_chart, roofline_chart,
+                                 step_latency_chart)
+from app.runtime import server_engine_settings, shared_weights
+from app.scenarios import RequestSpec, Scenario
+from app.session import EngineSession
+from app.theme import show_figure
+from app.widgets.explain import explanation
+
+LONG_PROMPT = (
+    "Summarise the following notes in two sentences. A transformer forward pass is a long chain of matrix "
+    "multiplications. For every token, each weight matrix is multiplied by that token's activation vector, so "
+    "the work per token is about two floating point operations per parameter. During prefill the whole prompt "
+    "is processed at once: hundreds of tokens share a single read of every weight matrix from memory, so the "
+    "processor does hundreds of operations for every byte it loads and the arithmetic units are the limit. "
+    "During decoding the model produces one token per sequence per step. Every weight matrix still has to be "
+    "read from memory in full, together with the keys and values cached for every earlier token, but now it "
+    "is used for only a handful of tokens. The processor does about one operation per byte and spends most "
+    "of its time waiting for memory. That is why the time to the first token depends on the prompt length "
+    "and the compute throughput, while the time per output token depends on the memory bandwidth, and why "
+    "serving systems batch many sequences together: a larger batch reuses every byte of weights for more tokens."
+)
+
+ROOFLINE_SCENARIOS: list[Scenario] = [
+    Scenario(
+        name="Long prompt, then decoding",
+        description="One request with a ~260-token prompt: step 0 prefills it in one go (compute-heavy), "
+                    "every later step decodes one token (memory-heavy).",
+        engine={"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 512, "max_model_len": 512},
+        requests=(RequestSpec(LONG_PROMPT, max_tokens=24, ignore_eos=True),),
+    ),
+    Scenario(
+        name="Eight requests decoding together",
+        description="Eight short requests prefill together, then decode as a batch of 8: the decode linear "
+                    "layers reuse each weight byte for 8 tokens, so their intensity is 8 x that of one sequence.",
+        engine={"block_size": 16, "num_blocks": 96, "max_num_seqs": 8, "max_num_batched_tokens": 512,
+                "max_model_len": 256},
+        requests=tuple(RequestSpec(p, max_tokens=16, ignore_eos=True) for p in (
+            "What is a GPU?", "Name a prime number.", "Why is the sea salty?", "What is RAM?",
+            "Say hello in Spanish.", "What is a compiler?", "Name a planet.", "What is bandwidth?")),
+    ),
+    Scenario(
+        name="A long prompt joins running decodes",
+        description="Two requests are decoding when a long prompt arrives at step 4; with chunked prefill its "
+                    "chunk shares a step with the decodes (a mixed step), which is why their TPOT jumps.",
+        engine={"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 160, "max_model_len": 512},
+        requests=(RequestSpec("Count from one to twenty in words.", max_tokens=24, ignore_eos=True),
+                  RequestSpec("List some colours.", max_tokens=24, ignore_eos=True),
+                  RequestSpec(LONG_PROMPT, max_tokens=8, arrival_step=4, ignore_eos=True)),
+    ),
+]
+
+_CEILINGS_KEY = "roofline-ceilings"
+
+
+def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
+    p = matmul_params(cfg)
+    explanation(
+        "The roofline, and what it predicts for LLM inference",
+        [r"P = \min\big(\pi,\ \beta \cdot I\big), \qquad I = \frac{\text{FLOPs}}{\text{bytes}}, \qquad "
+         r"I^{*} = \frac{\pi}{\beta}",
+         rf"\text{{FLOPs/token}} \approx 2 N_{{\text{{params}}}} \approx {2 * p / 1e6:.0f}\ \text{{MFLOP}}",
+         r"\text{bytes/decode step} \approx e\,N_{\text{params}} + B\,\text{ctx}\cdot 2 L H_{kv} d\, e",
+         r"I_{\text{decode, linear}} \approx \tfrac{2B}{e}, \qquad I_{\text{prefill, linear}} \approx \tfrac{2L}{e}"],
+        ["Each marker is one kernel family of the selected step (the toggle splits them per kernel), summed over "
+         "its 30 layers: x = its FLOPs over its bytes, y = its FLOPs over its measured time. The black line is the most this machine can do at "
+         "that intensity.",
+         "**Prefill** (orange): a long prompt puts hundreds of rows through every matmul, so the linear layers "
+         "sit far right, near the compute roof. **Decode** (blue): one row per sequence, so the same matmuls sit "
+         "far left on the bandwidth slope: they wait for the weights to arrive.",
+         "Decode attention stays left whatever the batch: each sequence reads its own KV cache "
+         f"({attention_decode_intensity(cfg, elem):.3g} FLOP/B here, thanks to {cfg.num_heads // cfg.num_kv_heads} "
+         "query heads per KV head).",
+         "Markers far below the roof are overhead-bound: small calls pay Python and kernel-launch costs that no "
+         "FLOP or byte count sees (on a GPU, CUDA graphs remove most of them). On a GPU the first steps of a run "
+         "also include Triton's compilation and autotuning: judge the later ones.",
+         "TTFT is dominated by the prefill step (compute), TPOT by the decode steps (bandwidth): scrub between "
+         "step 0 and a later step to see both."],
+        note=f"π = peak FLOP/s, β = bytes/s, N_params = {p / 1e6:.1f}M matmul parameters, e = bytes per number "
+             f"({elem} on this server: so I ≈ B/2 here, ≈ B at bf16), B = batch, L = prompt length, "
+             f"{cfg.num_layers} layers, {cfg.num_kv_heads} KV heads of dimension {cfg.head_dim}.",
+    )
+
+
+@st.cache_resource(show_spinner="Compiling the Triton kernels once for this server (first visit on a GPU)…")
+def _warm_up_kernels(device: str, dtype: str, weights: str) -> float:
+    """Run a throwaway engine through every kernel path once (fresh prefill, prefill chunks on the
+    paged path, decodes), so the first step a student sees is not Triton's JIT compilation."""
+    t0 = time.perf_counter()
+    # Triton specialises integer arguments (== 1, multiples of 16) and split counts, so cover the
+    # shapes the scenarios meet: one sequence and several, short and > 256-token contexts, chunks.
+    runs = [[list(range(100, 160))], [list(range(1000, 1300))], [list(range(i * 40, i * 40 + 30)) for i in range(4)]]
+    for prompts in runs:
+        engine = LLMEngine(EngineConfig(device=device, dtype=dtype, weights=weights, num_blocks=64, max_model_len=512,
+                                        max_num_batched_tokens=128), shared_weights())
+        for ids in prompts:
+            engine.add_request(ids, SamplingParams(max_tokens=4, ignore_eos=True))
+        while engine.has_work():
+            engine.step()
+    return time.perf_counter() - t0
+
+
+def warm_up_gpu_kernels() -> None:
+    server = server_engine_settings()
+    if torch.device(server["device"]).type == "cuda":
+        _warm_up_kernels(server["device"], server["dtype"], server["weights"])
+
+
+def ceilings_section(device: str) -> Ceilings:
+    """Measure (once per server process) and show π and β; a button re-measures."""
+    dev = torch.device(device)
+    if st.session_state.get(_CEILINGS_KEY) is None:
+        with st.spinner("Measuring this machine's ceilings (a matmul and a large copy)…"):
+            st.session_state[_CEILINGS_KEY] = ceilings_for(dev)
+    c: Ceilings = st.session_state[_CEILINGS_KEY]
+    with st.container(border=True):
+        st.markdown("##### :material/speed: This machine's two ceilings, measured when the app started")
+        m = st.columns([1, 1, 1, 1.1])
+        m[0].metric("Peak compute π", fmt_rate(c.peak_flops, "FLOP/s"), help=f"dense {c.dtype} matmul")
+        m[1].metric("Memory bandwidth β", fmt_rate(c.peak_bytes_per_s, "B/s"), help="large copy, read + write")
+        m[2].metric("Ridge point π/β", f"{c.ridge:.3g} FLOP/B",
+                    help="Kernels with fewer FLOPs per byte than this cannot reach π: they are memory-bound")
+        if m[3].button("Measure again", icon=":material/refresh:", key="roofline-remeasure",
+                       help="The machine is shared: re-measure if the numbers look off"):
+            st.session_state[_CEILINGS_KEY] = measure_ceilings(dev, fresh=True)
+            st.rerun()
+        st.caption(f"Source: {c.source}. Measured, never datasheet figures: a roofline only means something "
+                   "against the ceilings of the machine the kernels ran on.")
+        with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
+            rows = [{"GPU": ref.name, "what": what, "measured": value}
+                    for ref in REFERENCE_CEILINGS.values() for what, value in ref.notes]
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+            h = next(iter(REFERENCE_CEILINGS.values())).ceilings
+            st.caption(f"H200 ridge: {h.ridge:.0f} FLOP/byte at bf16, so a bf16 decode step needs a batch in the "
+                       "hundreds before its linear layers stop being memory-bound (see the calculator below).")
+    return c
+
+
+def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) -> None:
+    phase = step_phase(record)
+    per_kernel = st.toggle("One marker per kernel (instead of one per kernel family)", key="roofline-per-kernel")
+    points = kernel_points if per_kernel else (lambda r: family_points(kernel_points(r)))
+    now = points(record)
+    # Every other recorded step, not only the earlier ones: scrubbed back to the prefill, the decode
+    # cluster stays visible for contrast.
+    others = phase_points([p for r in session.records if r.step != record.step for p in points(r)])
+    totals = step_totals(record)
+    m = st.columns(5)
+    m[0].metric("Selected step", f"{record.step} ({phase})")
+    m[1].metric("Tokens computed", record.num_batched_tokens,
+                help=f"{record.num_prefill_tokens} prefill + {record.num_decode_tokens} decode")
+    m[2].metric("Step FLOPs", fmt_rate(totals.flops, "FLOP"), help="summed over every timed kernel")
+    m[3].metric("Step bytes moved", fmt_rate(totals.bytes, "B"))
+    m[4].metric("Step intensity", f"{totals.intensity:.3g} FLOP/B",
+                delta=f"{'above' if totals.intensity >= c.ridge else 'below'} the ridge ({c.ridge:.3g})",
+                delta_color="off")
+    title = (f"Step {record.step} ({phase}: {record.num_prefill_tokens} prefill + {record.num_decode_tokens} decode "
+             f"tokens) on the roofline")
+    if not now:
+        st.info("This step timed no kernels with FLOPs (nothing ran, or the decode ran as one CUDA graph replay).")
+        return
+    show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=560)
+    if session.engine is not None and session.engine.device.type == "cuda":
+        st.info("A 135M-parameter model is far too small to fill this GPU: each kernel runs for microseconds, so "
+                "per-call costs (Python, the launch, the timing events) dominate and the markers sit one to three "
+                "orders of magnitude under the roof. Their x positions come from the shapes alone and still separate "
+                "prefill (right) from decode (left); the calculator below shows where a large enough batch lands, "
+                "and CUDA graphs are how real servers remove the per-call cost.", icon=":material/info:")
+    best = max(now, key=lambda p: p.flops)
+    skipped = sorted(set(unplottable_kernels(record)))
+    st.caption(f"Biggest kernel of this step: **{best.name}** at I = {best.intensity:.3g} FLOP/B, "
+               f"{fmt_rate(best.flops_per_s, 'FLOP/s')} = {best.flops_per_s / c.attainable(best.intensity):.0%} of "
+               f"the roof there ({c.bound(best.intensity)}). "
+               + (f"Not plotted (no FLOPs, pure data movement): {', '.join(skipped)}. " if skipped else "")
+               + "Faded markers are the other recorded steps of this run: step through a prefill and some decodes "
+                 "to see the two clusters.")
+
+
+def latency_section(session: EngineSession, record: StepRecord, history: list[StepRecord]) -> None:
+    st.subheader("What a request feels: TTFT and TPOT")
+    reqs = [q for q in record.requests if q.ttft_seconds >= 0]
+    tpots = [q.tpot_seconds for q in record.requests if q.tpot_seconds >= 0]
+    m = st.columns(4)
+    m[0].metric("Requests with a first token", f"{len(reqs)} / {len(record.requests)}")
+    m[1].metric("Mean TTFT", f"{sum(q.ttft_seconds for q in reqs) / len(reqs) * 1e3:.0f} ms" if reqs else "–",
+                help="engine clock from arrival to the first token: the prefill (and any queueing)")
+    m[2].metric("Mean TPOT", f"{sum(tpots) / len(tpots) * 1e3:.0f} ms" if tpots else "–",
+                help="mean time between later tokens: the decode steps")
+    decode_steps = [r.wall_seconds for r in history if step_phase(r) == "decode"]
+    prefill_steps = [r.wall_seconds for r in history if step_phase(r) in ("prefill", "mixed")]
+    if decode_steps and prefill_steps:
+        m[3].metric("Prefill step / decode step", f"{max(prefill_steps) / (sum(decode_steps) / len(decode_steps)):.0f}×",
+                    help="the longest prefill step over the mean decode step")
+    left, right = st.columns([1.2, 1])
+    with left:
+        show_figure(step_latency_chart(history, record.step), key="roofline-steps", height=340)
+    with right:
+        show_figure(request_latency_chart(record, session.request_order), key="roofline-ttft", height=340)
+
+
+def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
+    st.subheader("Calculator: when does decoding stop being memory-bound?")
+    st.markdown("A decode step reads **every weight once** however many sequences it serves, so the batch size is "
+                "the lever: each extra sequence adds FLOPs but (almost) no weight bytes. The KV cache read does grow "
+                "with the batch, which is why the whole step flattens out.")
+    k = st.columns([1.4, 1.2, 1, 1.3])
+    batch = k[0].select_slider("Batch size B", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+                               value=8, key="roofline-calc-batch")
+    context = k[1].select_slider("Context per sequence (cached tokens)", [0, 128, 512, 1024, 2048, 4096, 8192],
+                                 value=1024, key="roofline-calc-ctx")
+    dtypes = {"bf16 (2 B)": 2, "fp32 (4 B)": 4}
+    default = "fp32 (4 B)" if server_elem == 4 else "bf16 (2 B)"
+    elem = dtypes[k[2].radio("Weights and KV", list(dtypes), index=list(dtypes).index(default),
+                             key="roofline-calc-dtype")]
+    options = {"this machine (measured)": c}
+    options.update({f"{name} (table)": ref.ceilings for name, ref in REFERENCE_CEILINGS.items()})
+    chosen = options[k[3].radio("Ceilings", list(options), key="roofline-calc-device")]
+    step = decode_step(cfg, batch, context, elem)
+    cross = crossing_batch(cfg, elem, chosen.ridge)
+    lin = linear_intensity(cfg, batch, elem)
+    t = step.seconds(chosen)
+    m = st.columns(5)
+    m[0].metric("FLOPs per decode step", fmt_rate(step.flops, "FLOP"),
+                help=f"B × (2 × {matmul_params(cfg) / 1e6:.1f}M params + attention over the context) = "
+                     f"{batch} × {fmt_rate(flops_per_token(cfg, context), 'FLOP')}")
+    m[1].metric("Bytes per decode step", fmt_rate(step.bytes, "B"),
+                help=f"weights {fmt_rate(step.weight_bytes, 'B')} + KV {fmt_rate(step.kv_bytes, 'B')}")
+    m[2].metric("Linear-layer intensity", f"{lin:.3g} FLOP/B",
+                delta=f"ridge {chosen.ridge:.3g}: {'compute' if lin >= chosen.ridge else 'memory'}-bound",
+                delta_color="off")
+    m[3].metric("Linear layers cross the ridge at", f"B = {cross}" if cross else "never",
+                help="counting the activation bytes too, so a little above ridge × e / 2")
+    m[4].metric("Predicted step time → tokens/s", f"{t * 1e3:.3g} ms → {batch / t:,.0f}",
+                help=f"max(FLOPs/π, bytes/β); {step.bound(chosen)} as a whole step")
+    show_figure(decode_calculator_chart(cfg, elem, chosen, batch, context), key="roofline-calc", height=460)
+    st.caption("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
+               f"{linear_intensity(cfg, 256, elem):.0f} FLOP/B at L = 256 and {linear_intensity(cfg, 2048, elem):.0f} "
+               "at L = 2048, already at or past the ridge, which is why prefill is compute-bound and decode is not.")

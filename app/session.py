@@ -1,0 +1,135 @@
+"""One browser session's engine for one page: build it from a scenario, step it, keep its records.
+
+Pure Python (no Streamlit) so it is easy to test. The rule that makes scrubbing free: records are
+only ever appended; nothing here re-runs a step to redraw it. Errors are kept as messages for the
+page to show, and never discard records already computed.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.engine import LLMEngine
+from engine.trace import StepRecord
+from engine.weights import LoadedWeights
+
+from app.scenarios import RequestSpec, Scenario
+
+MAX_RECORDS = 2000  # a safety net: a forgotten Play on a long scenario must not eat the server
+
+
+@dataclass
+class SessionError:
+    message: str
+    details: str = ""  # a traceback for unexpected failures; empty for bad input
+
+
+@dataclass
+class EngineSession:
+    scenario: Scenario
+    weights: LoadedWeights
+    server: dict[str, str]
+    engine: LLMEngine | None = None
+    records: list[StepRecord] = field(default_factory=list)
+    errors: list[SessionError] = field(default_factory=list)
+    request_order: list[str] = field(default_factory=list)  # labels in the order they were added
+    specs: dict[str, RequestSpec] = field(default_factory=dict)  # label -> the spec it came from
+    built_seconds: float = 0.0
+
+    @classmethod
+    def create(cls, scenario: Scenario, weights: LoadedWeights, server: dict[str, str]) -> "EngineSession":
+        s = cls(scenario=scenario, weights=weights, server=server)
+        s.reset()
+        return s
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def reset(self, scenario: Scenario | None = None) -> bool:
+        """Fresh engine and empty timeline for `scenario` (default: the current one). On a bad
+        engine config the old engine and records stay and the error is recorded."""
+        scenario = scenario or self.scenario
+        t0 = time.perf_counter()
+        try:
+            engine = LLMEngine(scenario.engine_config(**self.server), self.weights)
+        except ValueError as e:
+            self.errors.append(SessionError(f"Engine settings rejected: {e}"))
+            return False
+        self.scenario, self.engine = scenario, engine
+        self.records, self.errors, self.request_order, self.specs = [], [], [], {}
+        for spec in scenario.requests:
+            self.add_request(spec)
+        self.built_seconds = time.perf_counter() - t0
+        return True
+
+    def add_request(self, spec: RequestSpec) -> str | None:
+        """Queue one request; a ValueError becomes an error message and nothing else changes."""
+        assert self.engine is not None
+        try:
+            rid = self.engine.add_request(spec.engine_prompt(), spec.sampling_params(),
+                                          arrival_step=spec.arrival_step, request_id=spec.request_id)
+        except ValueError as e:
+            label = spec.request_id or repr(spec.prompt[:40])
+            self.errors.append(SessionError(f"Request {label} was not added: {e}"))
+            return None
+        labels = [rid] if spec.n == 1 else [f"{rid}#{i}" for i in range(spec.n)]
+        self.request_order.extend(labels)
+        self.specs.update({label: spec for label in labels})
+        return rid
+
+    def add_live_request(self, spec: RequestSpec) -> str | None:
+        """A request arriving now (at the engine's next step), while the run is in progress."""
+        assert self.engine is not None
+        now = self.engine.step_index
+        return self.add_request(RequestSpec(**{**spec.to_dict(), "stop": tuple(spec.stop), "arrival_step": now}))
+
+    # ---- stepping --------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return self.engine is not None and self.engine.has_work() and len(self.records) < MAX_RECORDS
+
+    def step(self) -> StepRecord | None:
+        if not self.has_work:
+            return None
+        assert self.engine is not None
+        try:
+            record = self.engine.step()
+        except Exception as e:  # an engine bug must not take the page (or the other records) down
+            self.errors.append(SessionError(f"engine.step() failed: {type(e).__name__}: {e}",
+                                            traceback.format_exc()))
+            return None
+        self.records.append(record)
+        return record
+
+    def run(self, max_steps: int) -> int:
+        """Step up to `max_steps` times while there is work; returns how many steps ran."""
+        n = 0
+        while n < max_steps and self.step() is not None:
+            n += 1
+        return n
+
+    def clear_errors(self) -> None:
+        self.errors.clear()
+
+    # ---- views -----------------------------------------------------------------------------------
+    def record_at(self, index: int) -> StepRecord | None:
+        if not self.records:
+            return None
+        return self.records[max(0, min(index, len(self.records) - 1))]
+
+    def prompt_token_ids(self, label: str) -> list[int]:
+        """The prompt as the engine tokenised it (chat template included)."""
+        spec = self.specs[label]
+        tok = self.weights.tokenizer
+        prompt = spec.engine_prompt()
+        return tok.apply_chat_template(prompt) if isinstance(prompt, list) else tok.encode(prompt)
+
+    def generated_token_ids(self, label: str, upto: int) -> list[int]:
+        """Tokens sampled for `label` in records 0..upto (inclusive), in order."""
+        return [e.token_id for r in self.records[: upto + 1] for e in r.emitted if e.request_id == label]
+
+    @property
+    def kv_bytes_per_element(self) -> int:
+        """Bytes of one cached K or V number at the engine's dtype (4 on the CPU fp32 path)."""
+        return torch.empty((), dtype=getattr(torch, self.server.get("dtype", "float32"))).element_size()

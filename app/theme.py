@@ -1,0 +1,102 @@
+"""One Plotly look for every chart, so screenshots from different pages sit well together.
+
+Chart builders return plain figures and never pick fonts or sizes; `show_figure` applies the
+registered template (normal or presentation), a fixed height and the 3x PNG export before the
+figure reaches Streamlit.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import streamlit as st
+
+from app.presentation import presentation_on
+
+TEMPLATE = "inferscope"
+PRESENT_TEMPLATE = "inferscope_present"
+FONT = "Inter, 'Source Sans Pro', 'Helvetica Neue', Arial, sans-serif"
+
+# Okabe-Ito-inspired, colour-blind safe, and distinct on a projector.
+REQUEST_COLORS: tuple[str, ...] = (
+    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5195", "#8C8C00",
+    "#1B9E77", "#A6761D", "#E7298A", "#4D4D4D",
+)
+STATUS_COLORS: dict[str, str] = {
+    "waiting": "#C9CED6",
+    "prefill": "#E69F00",
+    "decode": "#0072B2",
+    "stalled": "#F3D9A4",
+    "preempted": "#D62728",
+    "finished": "#9BD3AE",
+}
+SHARED_COLOR = "#F0C808"  # copy-on-write shared blocks stand out in yellow
+CACHE_COLOR = "#8E8E8E"
+FREE_COLOR = "#F1F3F6"
+ACCENT = "#D55E00"
+MUTED = "#6B7280"
+
+# Exported PNGs always have this size (x3 scale), whatever the browser window was.
+EXPORT_WIDTH = 1400
+
+
+def _template(font_size: int) -> go.layout.Template:
+    t = go.layout.Template(pio.templates["plotly_white"])
+    t.layout.update(
+        font=dict(family=FONT, size=font_size, color="#1F2937"),
+        # Title on the first line, legend on the second, both above the plot: long titles never
+        # collide with the legend.
+        title=dict(font=dict(size=font_size + 4), x=0.0, xanchor="left", xref="container",
+                   y=1.0, yanchor="top", yref="container", pad=dict(t=10, l=12)),
+        colorway=list(REQUEST_COLORS),
+        margin=dict(l=60, r=20, t=34 + 3 * font_size, b=48),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0,
+                    font=dict(size=font_size - 1)),
+        hoverlabel=dict(font=dict(family=FONT, size=font_size)),
+        xaxis=dict(gridcolor="#E5E7EB", zerolinecolor="#D1D5DB"),
+        yaxis=dict(gridcolor="#E5E7EB", zerolinecolor="#D1D5DB"),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+    )
+    return t
+
+
+def register_templates() -> None:
+    """Idempotent; called at import so any page importing charts gets the templates."""
+    pio.templates[TEMPLATE] = _template(15)
+    pio.templates[PRESENT_TEMPLATE] = _template(20)
+    pio.templates.default = TEMPLATE
+
+
+register_templates()
+
+
+def request_color(request_id: str, order: list[str] | None = None) -> str:
+    """A stable colour per request: by position in `order` when given (so the first requests get
+    the most distinct colours), else by a hash of the id."""
+    if order and request_id in order:
+        return REQUEST_COLORS[order.index(request_id) % len(REQUEST_COLORS)]
+    digest = int(hashlib.md5(request_id.encode()).hexdigest(), 16)
+    return REQUEST_COLORS[digest % len(REQUEST_COLORS)]
+
+
+def plotly_config(filename: str, height: int, width: int = EXPORT_WIDTH) -> dict:
+    return {
+        "displaylogo": False,
+        "toImageButtonOptions": {"format": "png", "scale": 3, "filename": filename,
+                                 "width": width, "height": height},
+        "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+    }
+
+
+def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
+    """Render with the house template, a fixed height and a 3x PNG export named after `key`.
+
+    On screen the width follows the column; the exported PNG always has `export_width` x height
+    (x3), so slides made from different screens match. Pass a smaller `export_width` for charts
+    that sit in a half-width column."""
+    present = presentation_on()
+    h = int(height * 1.25) if present else height
+    fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
+    st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

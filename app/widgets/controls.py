@@ -1,0 +1,94 @@
+"""Step / Play / Pause / Reset, a speed control and a run-to-end button for one page's engine.
+
+Play is a `st.fragment(run_every=...)` ticker: each tick steps the engine once and asks for a full
+rerun so every chart redraws; it stops itself when the engine has no work left. Buttons act through
+callbacks, which run before the page script, so the page always draws the state after the action.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app.session import EngineSession
+
+SPEEDS: dict[str, float] = {"slow (1.5 s)": 1.5, "normal (0.6 s)": 0.6, "fast (0.2 s)": 0.2}
+RUN_TO_END_LIMIT = 400
+
+
+def _keys(page: str) -> dict[str, str]:
+    return {name: f"{page}-{name}" for name in ("playing", "speed", "scrub", "ticks-seen", "full-runs")}
+
+
+def follow_latest(session: EngineSession, page: str) -> None:
+    """Point the timeline scrubber at the newest record."""
+    st.session_state[_keys(page)["scrub"]] = max(len(session.records) - 1, 0)
+
+
+def _step(session: EngineSession, page: str) -> None:
+    session.step()
+    follow_latest(session, page)
+
+
+def _run_to_end(session: EngineSession, page: str) -> None:
+    st.session_state[_keys(page)["playing"]] = False
+    session.run(RUN_TO_END_LIMIT)
+    follow_latest(session, page)
+
+
+def _reset(session: EngineSession, page: str) -> None:
+    st.session_state[_keys(page)["playing"]] = False
+    session.reset()
+    follow_latest(session, page)
+
+
+def _set_playing(page: str, value: bool) -> None:
+    st.session_state[_keys(page)["playing"]] = value
+
+
+def engine_controls(session: EngineSession, page: str) -> None:
+    k = _keys(page)
+    st.session_state.setdefault(k["playing"], False)
+    # Counts full runs of this page so the ticker can tell a timer tick from a full rerun.
+    st.session_state[k["full-runs"]] = st.session_state.get(k["full-runs"], 0) + 1
+    playing = bool(st.session_state[k["playing"]]) and session.has_work
+    if not session.has_work:
+        st.session_state[k["playing"]] = False
+
+    cols = st.columns([1, 1, 1, 1, 1.3, 2.2], vertical_alignment="bottom")
+    cols[0].button("Step", key=f"{page}-btn-step", icon=":material/skip_next:", on_click=_step,
+                   args=(session, page), disabled=not session.has_work or playing, width="stretch",
+                   help="Run one real engine iteration on the model")
+    cols[1].button("Play", key=f"{page}-btn-play", icon=":material/play_arrow:", on_click=_set_playing,
+                   args=(page, True), disabled=not session.has_work or playing, width="stretch")
+    cols[2].button("Pause", key=f"{page}-btn-pause", icon=":material/pause:", on_click=_set_playing,
+                   args=(page, False), disabled=not playing, width="stretch")
+    cols[3].button("Reset", key=f"{page}-btn-reset", icon=":material/restart_alt:", on_click=_reset,
+                   args=(session, page), width="stretch",
+                   help="New engine, same scenario: the timeline starts again from step 0")
+    cols[4].button("Run to end", key=f"{page}-btn-end", icon=":material/fast_forward:", on_click=_run_to_end,
+                   args=(session, page), disabled=not session.has_work or playing, width="stretch",
+                   help=f"Step until every request finishes (at most {RUN_TO_END_LIMIT} steps)")
+    st.session_state.setdefault(k["speed"], "normal (0.6 s)")
+    cols[5].select_slider("Play speed (pause between steps)", options=list(SPEEDS), key=k["speed"])
+    if playing:
+        _ticker(session, page, SPEEDS[st.session_state[k["speed"]]])
+
+
+def _ticker(session: EngineSession, page: str, interval: float) -> None:
+    k = _keys(page)
+
+    @st.fragment(run_every=interval)
+    def tick() -> None:
+        full_runs = st.session_state.get(k["full-runs"], 0)
+        if st.session_state.get(k["ticks-seen"]) != full_runs:
+            # First execution is part of a full page run: just arm the timer.
+            st.session_state[k["ticks-seen"]] = full_runs
+            st.caption(":material/autoplay: playing…")
+            return
+        if not st.session_state.get(k["playing"]):
+            return
+        if session.step() is None:
+            st.session_state[k["playing"]] = False
+        follow_latest(session, page)
+        st.rerun(scope="app")
+
+    tick()

@@ -1,0 +1,23 @@
+"""The explanation panel: the formula that governs a page (left) and what to look at (right)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import streamlit as st
+
+
+def explanation(title: str, formulas: Sequence[str], look_for: Sequence[str], note: str = "",
+                expanded: bool = True) -> None:
+    """Always shown in full (`expanded` is accepted for older callers and ignored): the formula is
+    the point of a page, so it should be on screen, not behind a click."""
+    with st.container(border=True):
+        left, right = st.columns([1, 1.15], gap="large")
+        with left:
+            st.markdown(f"##### :material/school: {title}")
+            for f in formulas:
+                st.latex(f)
+            if note:
+                st.caption(note)
+        with right:
+            st.markdown("**What to look for**")
+            st.markdown("\n".join(f"- {item}" for item in look_for))

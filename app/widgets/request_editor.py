@@ -1,0 +1,202 @@
+"""Scenario picker, JSON upload/download, request table editor and a live "add request" form.
+
+Loading, uploading or applying an edit builds a fresh engine (a new timeline). Adding a request
+live keeps the timeline: the request arrives at the engine's next step. Every bad input becomes
+one st.error naming the request and field; nothing already computed is lost.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from engine.config import EngineConfig
+
+from app.scenarios import RequestSpec, Scenario, ScenarioError, parse_request, scenario_from_json
+from app.session import EngineSession, SessionError
+from app.widgets.controls import follow_latest
+
+COLUMNS = ["prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
+           "ignore_eos", "stop"]
+_DEFAULTS = {f.name: f.default for f in fields(RequestSpec)}
+
+
+def _version_key(page: str) -> str:
+    return f"{page}-scenario-version"
+
+
+def _load(session: EngineSession, page: str, scenario: Scenario) -> None:
+    if session.reset(scenario):
+        st.session_state[_version_key(page)] = st.session_state.get(_version_key(page), 0) + 1
+        st.session_state[f"{page}-playing"] = False
+        follow_latest(session, page)
+
+
+def requests_frame(requests: tuple[RequestSpec, ...]) -> pd.DataFrame:
+    rows = []
+    for r in requests:
+        d = r.to_dict()
+        d["stop"] = d["stop"][0] if d["stop"] else ""
+        rows.append({c: d[c] for c in COLUMNS})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _clean(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars from the data editor
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
+    """Rows of the edited table as validated RequestSpecs; blank rows are skipped."""
+    specs: list[RequestSpec] = []
+    for i, row in enumerate(df.to_dict("records")):
+        raw = {c: _clean(row.get(c)) for c in COLUMNS}
+        if not raw.get("prompt") or not str(raw["prompt"]).strip():
+            if all(raw[c] in (None, "", False) for c in COLUMNS if c != "prompt"):
+                continue
+            raise ScenarioError(f"request {i + 1}: 'prompt' is required")
+        data = {k: (v if v is not None else _DEFAULTS[k]) for k, v in raw.items()}
+        data["seed"] = raw["seed"]
+        stop = str(data.pop("stop") or "")
+        data["stop"] = [stop] if stop else []
+        for key in ("temperature", "top_p"):
+            data[key] = float(data[key])
+        specs.append(parse_request(data, i))
+    if not specs:
+        raise ScenarioError("the scenario needs at least one request with a prompt")
+    return specs
+
+
+def _engine_inputs(scenario: Scenario, prefix: str) -> dict[str, Any]:
+    cfg = scenario.engine_config()
+    c = st.columns(4)
+    out: dict[str, Any] = {}
+    out["block_size"] = c[0].selectbox("block_size (tokens)", [1, 2, 4, 8, 16, 32, 64],
+                                       index=[1, 2, 4, 8, 16, 32, 64].index(cfg.block_size)
+                                       if cfg.block_size in (1, 2, 4, 8, 16, 32, 64) else 4, key=f"{prefix}-bs")
+    out["num_blocks"] = c[1].number_input("num_blocks", 1, 4096, cfg.num_blocks, key=f"{prefix}-nb")
+    out["max_num_seqs"] = c[2].number_input("max_num_seqs", 1, 256, cfg.max_num_seqs, key=f"{prefix}-ms")
+    out["max_num_batched_tokens"] = c[3].number_input("max_num_batched_tokens (token budget)", 1, 8192,
+                                                      cfg.max_num_batched_tokens, key=f"{prefix}-mbt")
+    c = st.columns(4)
+    out["max_model_len"] = c[0].number_input("max_model_len", 8, 8192, cfg.max_model_len, key=f"{prefix}-mml")
+    out["policy"] = c[1].radio("policy", ["continuous", "static"], index=["continuous", "static"].index(cfg.policy),
+                               horizontal=True, key=f"{prefix}-pol")
+    out["chunked_prefill"] = c[2].checkbox("chunked prefill", cfg.chunked_prefill, key=f"{prefix}-cp")
+    return {k: (int(v) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) -> None:
+    version = st.session_state.setdefault(_version_key(page), 0)
+    with st.expander(":material/tune: Scenario and requests", expanded=False):
+        _picker(session, page, library)
+        _uploader(session, page)
+        st.divider()
+        prefix = f"{page}-ed{version}"
+        with st.form(key=f"{prefix}-form", border=False):
+            st.markdown("**Requests** (edit cells, add or delete rows; prompts go through the chat template "
+                        "when *chat* is ticked)")
+            edited = st.data_editor(
+                requests_frame(session.scenario.requests), key=f"{prefix}-table", num_rows="dynamic",
+                hide_index=True, width="stretch",
+                column_config={
+                    "prompt": st.column_config.TextColumn("prompt", width="large", required=True),
+                    "max_tokens": st.column_config.NumberColumn("max_tokens", min_value=1, max_value=1024, step=1),
+                    "arrival_step": st.column_config.NumberColumn("arrival step", min_value=0, step=1),
+                    "temperature": st.column_config.NumberColumn("temperature", min_value=0.0, max_value=5.0, step=0.1),
+                    "top_k": st.column_config.NumberColumn("top_k", min_value=0, step=1),
+                    "top_p": st.column_config.NumberColumn("top_p", min_value=0.01, max_value=1.0, step=0.05),
+                    "seed": st.column_config.NumberColumn("seed", step=1),
+                    "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
+                    "stop": st.column_config.TextColumn("stop string"),
+                },
+            )
+            st.markdown("**Engine**")
+            knobs = _engine_inputs(session.scenario, prefix)
+            applied = st.form_submit_button("Apply and restart the engine", icon=":material/restart_alt:", type="primary")
+        if applied:
+            try:
+                specs = requests_from_frame(edited)
+                EngineConfig(**{**session.scenario.engine, **knobs})
+            except (ScenarioError, ValueError) as e:
+                st.error(f"Not applied: {e}", icon=":material/error:")
+            else:
+                _load(session, page, Scenario(session.scenario.name + " (edited)" if "(edited)" not in session.scenario.name
+                                              else session.scenario.name, tuple(specs),
+                                              {**session.scenario.engine, **knobs}, session.scenario.description))
+                st.rerun()
+        st.download_button("Download this scenario (JSON)", session.scenario.to_json(), key=f"{page}-download",
+                           file_name=f"{page}-scenario.json", mime="application/json", icon=":material/download:")
+    _live_add(session, page)
+
+
+def _picker(session: EngineSession, page: str, library: list[Scenario]) -> None:
+    names = [s.name for s in library]
+    key = f"{page}-pick"
+
+    def on_pick() -> None:
+        chosen = next(s for s in library if s.name == st.session_state[key])
+        _load(session, page, chosen)
+
+    if key not in st.session_state:
+        st.session_state[key] = session.scenario.name if session.scenario.name in names else names[0]
+    st.selectbox("Ready-made scenario (loading one restarts the engine)", names, key=key, on_change=on_pick)
+
+
+def _uploader(session: EngineSession, page: str) -> None:
+    up = st.file_uploader("…or upload a scenario JSON (the same format as the download below)", type=["json"],
+                          key=f"{page}-upload", max_upload_size=1)  # MB; scenarios are a few KB
+    seen_key, error_key = f"{page}-upload-seen", f"{page}-upload-error"
+    if up is None:
+        st.session_state.pop(error_key, None)
+        return
+    if st.session_state.get(seen_key) != up.file_id:  # parse each upload once, not on every rerun
+        st.session_state[seen_key] = up.file_id
+        try:
+            scenario = scenario_from_json(up.getvalue())
+        except ScenarioError as e:
+            st.session_state[error_key] = f"Could not use {up.name}: {e}"
+        else:
+            st.session_state.pop(error_key, None)
+            _load(session, page, scenario)
+            st.rerun()
+    if st.session_state.get(error_key):
+        st.error(st.session_state[error_key], icon=":material/error:")
+
+
+def _live_add(session: EngineSession, page: str) -> None:
+    """Inject a request into the running engine: continuous batching picks it up next step."""
+    if session.engine is None:
+        return
+    prefix = f"{page}-live"
+    with st.popover("Add a request now", icon=":material/add:"):
+        with st.form(key=f"{prefix}-form", border=False):
+            prompt = st.text_input("Prompt", "What is a GPU?", key=f"{prefix}-prompt")
+            c = st.columns(3)
+            max_tokens = c[0].number_input("max_tokens", 1, 512, 12, key=f"{prefix}-mt")
+            temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key=f"{prefix}-t")
+            n = c[2].number_input("n", 1, 8, 1, key=f"{prefix}-n")
+            go = st.form_submit_button(f"Add (arrives at step {session.engine.step_index})")
+        if go:
+            if not str(prompt).strip():
+                session.errors.append(SessionError("Request not added: the prompt must not be empty"))
+            else:
+                try:
+                    spec = RequestSpec(str(prompt), max_tokens=int(max_tokens), temperature=float(temperature),
+                                       n=int(n), ignore_eos=True)
+                    spec.sampling_params()
+                except ValueError as e:
+                    session.errors.append(SessionError(f"Request not added: {e}"))
+                else:
+                    session.add_live_request(spec)
+            st.rerun()

@@ -1,0 +1,23 @@
+"""A compact table of every request's state at the selected step (status, tokens, text so far)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.trace import StepRecord
+
+
+def request_state_table(record: StepRecord, bytes_per_token: int | None = None) -> None:
+    rows = []
+    for q in record.requests:
+        row = {"request": q.request_id, "status": q.status, "arrives": q.arrival_step, "prompt": q.prompt_len,
+               "generated": q.output_len, "in cache": q.num_computed_tokens}
+        if bytes_per_token:
+            row["KV KiB"] = q.num_computed_tokens * bytes_per_token / 1024 if q.status != "finished" else 0.0
+        row.update({"preempted": q.num_preemptions, "TTFT ms": q.ttft_seconds * 1e3 if q.ttft_seconds >= 0 else None,
+                    "text so far": q.text})
+        rows.append(row)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={"KV KiB": st.column_config.NumberColumn(format="%.0f"),
+                                "TTFT ms": st.column_config.NumberColumn(format="%.0f"),
+                                "text so far": st.column_config.TextColumn(width="large")})

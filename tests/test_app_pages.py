@@ -1,0 +1,167 @@
+"""Every page under Streamlit's AppTest: it loads through the real navigation (app/main.py), steps
+the engine, scrubs back, and raises nothing. Random weights (INFERSCOPE_WEIGHTS=random) keep the
+tests independent of the GGUF; one test drives the real SmolLM2 weights.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.registry import available_pages
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "main.py"
+TIMEOUT = 600  # seconds per script run: a step is 0.1-0.3 s on an idle 2-core CPU, far more when shared
+
+ENGINE_PAGES = {  # page file -> the page's session key prefix (PAGE in the file)
+    "01_kv_cache.py": "kv",
+    "03_paged_attention.py": "paged",
+    "04_continuous_batching.py": "cb",
+}
+
+
+@pytest.fixture()
+def random_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
+    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+
+
+def open_page(at: AppTest, page_file: str) -> AppTest:
+    at.run()
+    at.switch_page(f"../pages/{page_file}").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def session_of(at: AppTest, prefix: str):  # noqa: ANN201
+    return at.session_state[f"engine-session:{prefix}"]
+
+
+def test_home_lists_every_page(random_app: AppTest) -> None:
+    at = random_app.run()
+    assert_clean(at)
+    assert at.title[0].value == "InferScope"
+    assert len(at.get("page_link")) == len(available_pages())
+    text = " ".join(m.value for m in at.markdown)
+    assert "torch reference path on the CPU" in text
+
+
+@pytest.mark.parametrize("page_file", list(ENGINE_PAGES))
+def test_page_steps_and_scrubs(random_app: AppTest, page_file: str) -> None:
+    prefix = ENGINE_PAGES[page_file]
+    at = open_page(random_app, page_file)
+    assert_clean(at)
+    for _ in range(3):
+        at.button(key=f"{prefix}-btn-step").click().run()
+        assert_clean(at)
+    session = session_of(at, prefix)
+    assert [r.step for r in session.records] == [0, 1, 2]
+    assert at.slider(key=f"{prefix}-scrub").value == 2
+    charts_live = len(at.get("plotly_chart"))
+    assert charts_live >= 2
+
+    # Scrub back: the page redraws step 0 from its record; nothing re-runs.
+    at.slider(key=f"{prefix}-scrub").set_value(0).run()
+    assert_clean(at)
+    assert len(session.records) == 3
+    assert len(at.get("plotly_chart")) >= 2
+
+    # Reset: a fresh engine, empty timeline.
+    at.button(key=f"{prefix}-btn-reset").click().run()
+    assert_clean(at)
+    assert session_of(at, prefix).records == []
+
+
+def test_paged_attention_shows_copy_on_write(random_app: AppTest) -> None:
+    at = open_page(random_app, "03_paged_attention.py")
+    for _ in range(2):
+        at.button(key="paged-btn-step").click().run()
+    assert_clean(at)
+    # The default scenario samples n = 2 from one prompt: the shared tail block is copied at step 1.
+    assert any("Copy-on-write at step 1" in w.value for w in at.warning)
+    assert at.metric[2].label.startswith("Shared blocks") and int(at.metric[2].value) >= 1
+
+
+def test_play_and_pause_toggle(random_app: AppTest) -> None:
+    at = open_page(random_app, "01_kv_cache.py")
+    at.button(key="kv-btn-play").click().run()
+    assert at.session_state["kv-playing"] is True
+    assert at.button(key="kv-btn-pause").disabled is False
+    assert at.button(key="kv-btn-step").disabled is True
+    at.button(key="kv-btn-pause").click().run()
+    assert at.session_state["kv-playing"] is False
+    assert_clean(at)
+
+
+def test_bad_live_request_shows_error_and_keeps_records(random_app: AppTest) -> None:
+    at = open_page(random_app, "04_continuous_batching.py")
+    at.button(key="cb-btn-step").click().run()
+    # 900 tokens do not fit max_model_len = 256 of the default scenario: add_request raises ValueError.
+    at.number_input(key="cb-live-mt").set_value(500)
+    at.text_input(key="cb-live-prompt").set_value("A request that is far too long")
+    at.button(key="FormSubmitter:cb-live-form-Add (arrives at step 1)").click().run()
+    assert not at.exception
+    assert any("exceeds the context length" in e.value for e in at.error)
+    assert len(session_of(at, "cb").records) == 1  # nothing computed was lost
+    at.button(key="cb-btn-step").click().run()
+    assert len(session_of(at, "cb").records) == 2  # and the engine keeps going
+
+
+def test_malformed_scenario_upload_is_a_message(random_app: AppTest) -> None:
+    at = open_page(random_app, "03_paged_attention.py")
+    at.button(key="paged-btn-step").click().run()
+    at.file_uploader(key="paged-upload").set_value(("broken.json", b'{"requests": [ {"prompt": 1} ', "application/json"))
+    at.run()
+    assert not at.exception
+    assert any("not valid JSON" in e.value for e in at.error)
+    assert len(session_of(at, "paged").records) == 1
+
+    good = {"name": "Tiny", "engine": {"block_size": 4, "num_blocks": 32},
+            "requests": [{"prompt": "Hi", "max_tokens": 2}]}
+    at.file_uploader(key="paged-upload").set_value(("good.json", json.dumps(good).encode(), "application/json"))
+    at.run()
+    assert_clean(at)
+    session = session_of(at, "paged")
+    assert session.scenario.name == "Tiny" and session.records == []
+    assert session.engine.config.block_size == 4
+
+
+def test_scenario_picker_loads_another_scenario(random_app: AppTest) -> None:
+    at = open_page(random_app, "04_continuous_batching.py")
+    at.selectbox(key="cb-pick").set_value("Small KV pool: preemption").run()
+    assert_clean(at)
+    session = session_of(at, "cb")
+    assert session.engine.config.num_blocks == 14 and len(session.request_order) == 3
+
+
+def test_presentation_mode(random_app: AppTest) -> None:
+    at = random_app.run()
+    at.toggle(key="presentation").set_value(True).run()
+    assert_clean(at)
+    assert at.button(key="presentation-exit")
+    at.button(key="presentation-exit").click().run()
+    assert at.session_state["presentation"] is False
+
+
+def test_kv_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The real SmolLM2: two steps on the KV cache page produce real text and a growing cache."""
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "real")
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
+    at = open_page(AppTest.from_file(str(MAIN), default_timeout=TIMEOUT), "01_kv_cache.py")
+    assert "SmolLM2-135M-Instruct" in " ".join(c.value for c in at.caption)
+    at.button(key="kv-btn-step").click().run()
+    at.button(key="kv-btn-step").click().run()
+    assert_clean(at)
+    session = session_of(at, "kv")
+    first, second = session.records
+    assert second.pool.filled_tokens == first.pool.filled_tokens + 1  # one token per decode step
+    assert session.records[-1].requests[0].text.strip()

@@ -1,0 +1,418 @@
+"""The attention roofline and FlashAttention-2 pages: their analysis code, their charts, the pages
+themselves under Streamlit's AppTest, and (marked `browser`) both pages in headless Chromium with
+full-length screenshots in test-artifacts/.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.engine import LLMEngine
+from engine.forward_batch import build_forward_batch
+from engine.sampling_params import SamplingParams
+from engine.weights import cache_dir, find_gguf
+from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, lookup_ceilings, measure_ceilings
+
+from app.analysis.flash_compare import AttentionMemory, compare_methods
+from app.analysis.flash_qkv import LayerQKV, last_token_logits, layer_qkv
+from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
+                                        flops_per_token, kernel_points, linear_intensity, matmul_params,
+                                        phase_points, step_phase, unplottable_kernels)
+from app.charts.flash_tiles import method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.roofline import (decode_calculator_chart, place_labels, request_latency_chart, roofline_chart,
+                                 step_latency_chart)
+from kernels.flash_trace import flash_attention_tiled, naive_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = ModelConfig()
+torch.set_num_threads(1)
+
+
+# ---- ceilings ----------------------------------------------------------------------------------------
+
+def test_cpu_ceilings_are_measured_once_and_plausible() -> None:
+    t0 = time.perf_counter()
+    c = measure_ceilings("cpu")
+    assert time.perf_counter() - t0 < 10  # < 1-2 s on an idle machine; generous for a shared one
+    assert c.dtype == "float32" and "measured" in c.source
+    assert 1e8 < c.peak_flops < 1e13 and 1e8 < c.peak_bytes_per_s < 1e12
+    assert measure_ceilings("cpu") is c  # cached per process
+    assert c.ridge == pytest.approx(c.peak_flops / c.peak_bytes_per_s)
+    assert c.attainable(c.ridge / 10) == pytest.approx(c.peak_bytes_per_s * c.ridge / 10)
+    assert c.attainable(c.ridge * 10) == c.peak_flops
+    assert c.bound(c.ridge / 2) == "memory-bound" and c.bound(c.ridge * 2) == "compute-bound"
+    assert ceilings_for("cpu") is c
+
+
+def test_reference_table_has_the_h200() -> None:
+    h = lookup_ceilings("NVIDIA H200")
+    assert h is not None and h.peak_flops == 790e12 and h.peak_bytes_per_s == 4.26e12
+    assert lookup_ceilings("NVIDIA H200 NVL") is h
+    assert lookup_ceilings("Some other GPU") is None
+    assert 180 < h.ridge < 190
+    assert any("SDPA" in what for what, _ in REFERENCE_CEILINGS["NVIDIA H200"].notes)
+
+
+# ---- roofline arithmetic -----------------------------------------------------------------------------
+
+def test_model_arithmetic() -> None:
+    p = matmul_params(CFG)
+    assert 130e6 < p < 140e6  # SmolLM2-135M, tied embedding counted once (as the LM head)
+    assert flops_per_token(CFG) == 2 * p
+    # Decode linear intensity ~ 2B / e while the batch is small next to the hidden size.
+    for b in (1, 2, 4, 8):
+        assert linear_intensity(CFG, b, 2) == pytest.approx(b, rel=0.03)
+        assert linear_intensity(CFG, b, 4) == pytest.approx(b / 2, rel=0.03)
+    assert attention_decode_intensity(CFG, 2) == 3.0  # 2 * 9 / (3 * 2)
+    h = REFERENCE_CEILINGS["NVIDIA H200"].ceilings
+    cross = crossing_batch(CFG, 2, h.ridge)
+    assert cross is not None and linear_intensity(CFG, cross, 2) >= h.ridge > linear_intensity(CFG, cross - 1, 2)
+    assert crossing_batch(CFG, 2, 1e6) is None  # never, whatever the batch
+    step = decode_step(CFG, 4, 1000, 2)
+    assert step.weight_bytes == 2 * p and step.kv_bytes == 4 * 1000 * 2 * CFG.num_layers * CFG.num_kv_heads * CFG.head_dim * 2
+    assert step.intensity < linear_intensity(CFG, 4, 2)  # the KV read only lowers it
+    assert step.seconds(h) == pytest.approx(step.bytes / h.peak_bytes_per_s)  # memory-bound
+
+
+@pytest.fixture(scope="module")
+def run_records(random_weights):  # noqa: ANN001
+    """A long prompt then a few decode steps on the real engine (random weights)."""
+    engine = LLMEngine(EngineConfig(num_blocks=64, max_num_batched_tokens=512, max_model_len=512), random_weights)
+    engine.add_request(list(range(1000, 1200)), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(list(range(2000, 2050)), SamplingParams(max_tokens=4, ignore_eos=True))
+    return [engine.step() for _ in range(4)]
+
+
+def test_prefill_kernels_sit_right_of_decode_kernels(run_records) -> None:  # noqa: ANN001
+    prefill, decode = run_records[0], run_records[1]
+    assert step_phase(prefill) == "prefill" and step_phase(decode) == "decode"
+    pre = {p.name: p for p in kernel_points(prefill)}
+    dec = {p.name: p for p in kernel_points(decode)}
+    for name in ("linear.qkv", "linear.o", "linear.gate_up", "linear.down"):
+        assert pre[name].intensity > 20 * dec[name].intensity
+        assert dec[name].intensity == pytest.approx(linear_intensity(CFG, 2, 4) , rel=0.1)  # batch 2, fp32
+    assert "attention.prefill" in pre and "attention.decode" in dec
+    assert set(unplottable_kernels(prefill)) <= {"embedding", "kv_store"}
+    # Summing per family or per phase conserves FLOPs and bytes.
+    for pts in (kernel_points(prefill), kernel_points(decode)):
+        fam = family_points(pts)
+        assert sum(p.flops for p in fam) == pytest.approx(sum(p.flops for p in pts))
+        assert sum(p.bytes for p in fam) == pytest.approx(sum(p.bytes for p in pts))
+        assert len({p.family for p in fam}) == len(fam)
+    merged = phase_points([p for r in run_records[1:] for p in kernel_points(r)])
+    assert {p.phase for p in merged} == {"decode"} and all(p.step == -1 for p in merged)
+
+
+def test_roofline_charts_build(run_records) -> None:  # noqa: ANN001
+    c = Ceilings(50e9, 20e9, "test", "float32")
+    now = family_points(kernel_points(run_records[1]))
+    others = phase_points([p for r in run_records if r.step != 1 for p in kernel_points(r)])
+    fig = roofline_chart(c, now, others, "t")
+    names = [t.name or "" for t in fig.data]
+    assert "ridge point" in names and any("this step" in n for n in names) and "other prefill steps (summed)" in names
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    decode_calculator_chart(CFG, 4, c, 8, 1024)
+    step_latency_chart(run_records, 2)
+    fig = request_latency_chart(run_records[-1], ["r0", "r1"])
+    assert list(fig.data[0].x) == ["r0", "r1"]
+
+
+def test_label_placement_avoids_collisions() -> None:
+    items = [(1.0, 1e9, "linear layers", True), (1.0, 1.05e9, "lm_head", True), (1.0, 1.1e9, "rope", True)]
+    pos = place_labels(items, (0.1, 100), (1e7, 1e11))
+    assert len(set(pos)) == 3  # three labels at one spot go to three places
+
+
+# ---- FlashAttention helpers --------------------------------------------------------------------------
+
+def test_layer_qkv_is_the_engines_forward(random_weights) -> None:  # noqa: ANN001
+    """The page's plain forward agrees with the engine's model: same logits for the last token."""
+    ids = list(range(300, 340))
+    engine = LLMEngine(EngineConfig(num_blocks=16, max_model_len=128), random_weights)
+    batch = build_forward_batch([(ids, 0, list(range(len(ids))))], [], [len(ids) - 1], torch.device("cpu"))
+    ref = engine.model.forward(batch, engine.pool)[0]
+    assert torch.allclose(last_token_logits(random_weights, ids), ref, rtol=1e-4, atol=1e-4)
+    qkv = layer_qkv(random_weights, ids, 5)
+    assert qkv.q.shape == (40, 9, 64) and qkv.k.shape == (40, 3, 64) and qkv.v.shape == (40, 3, 64)
+    assert qkv.scale == 64 ** -0.5 and qkv.layer == 5
+    with pytest.raises(ValueError):
+        layer_qkv(random_weights, ids, 30)
+    with pytest.raises(ValueError):
+        layer_qkv(random_weights, [], 0)
+
+
+def _random_qkv(n: int = 120) -> LayerQKV:
+    g = torch.Generator().manual_seed(0)
+    return LayerQKV(0, tuple(range(n)), torch.randn(n, 9, 64, generator=g), torch.randn(n, 3, 64, generator=g),
+                    torch.randn(n, 3, 64, generator=g), 0.125)
+
+
+def test_compare_methods_all_exact() -> None:
+    results = compare_methods(_random_qkv(), 16, 32, reps=1)
+    assert [r.method.split(" (")[0] for r in results][:3] == ["naive softmax(QKᵀ)V", "torch SDPA",
+                                                              "engine attention path"]
+    assert any("re-enactment" in r.method for r in results)
+    for r in results:
+        assert not r.error and r.ms > 0 and r.rel_err < 1e-5, r
+    assert [r.materialises_scores for r in results] == [True, False, False, False]
+    mem = AttentionMemory(1024, 9, 2)
+    assert mem.naive_scores_bytes == 9 * 1024 ** 2 * 2 and mem.flash_state_bytes == 9 * 1024 * 8
+
+
+@pytest.mark.parametrize("n", [1, 50, 700])  # 700 > the heatmap's 320 cells: the pooled path
+def test_flash_charts_build(n: int) -> None:
+    qkv = _random_qkv(n)
+    trace = flash_attention_tiled(qkv.q, qkv.k, qkv.v, qkv.scale, 16, 16, trace_row=n - 1, trace_head=2)
+    tile_grid(trace)
+    row = (qkv.q[n - 1, 2] @ qkv.k[:, 0].T) * qkv.scale
+    online_softmax_chart(trace, float(row.max()), float(torch.exp(row - row.max()).sum()))
+    _, p = naive_attention(qkv.q, qkv.k, qkv.v, qkv.scale)
+    s = (qkv.q[:, 2] @ qkv.k[:, 0].T) * qkv.scale
+    for show in ("probabilities", "scores"):
+        fig = score_matrix(p[2], s, trace, show)
+        assert len(fig.data[0].z) <= 320
+    method_chart(compare_methods(qkv, 64, 64, reps=1) if n <= 50 else [])
+
+
+# ---- the pages under AppTest -------------------------------------------------------------------------
+
+@pytest.fixture()
+def app_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real weights when this machine has them (a few seconds to load), else random ones."""
+    have_real = find_gguf() is not None or (cache_dir() / "meta.json").is_file()
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", os.environ.get("INFERSCOPE_WEIGHTS", "real" if have_real else "random"))
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
+
+
+def _no_exception(at) -> None:  # noqa: ANN001
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.mark.slow
+def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages/02_attention_roofline.py"), default_timeout=300)
+    at.run()
+    _no_exception(at)
+    labels = [m.label for m in at.metric]
+    assert "Peak compute π" in labels and "Memory bandwidth β" in labels and "Ridge point π/β" in labels
+    assert any("torch reference kernels on CPU" in c.value for c in at.caption)
+    for _ in range(4):
+        at.button(key="roofline-btn-step").click().run()
+        _no_exception(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Selected step"] == "3 (decode)"
+    assert metrics["Mean TPOT"] != "–"
+    assert len(at.get("plotly_chart")) >= 4  # roofline, step times, TTFT/TPOT, calculator
+    at.slider(key="roofline-scrub").set_value(0).run()  # back to the prefill: redrawn from its record
+    _no_exception(at)
+    assert {m.label: m.value for m in at.metric}["Selected step"] == "0 (prefill)"
+    at.toggle(key="roofline-per-kernel").set_value(True).run()
+    _no_exception(at)
+    at.select_slider(key="roofline-calc-batch").set_value(512).run()
+    at.radio(key="roofline-calc-device").set_value("NVIDIA H200 (table)").run()
+    _no_exception(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Linear layers cross the ridge at"].startswith("B = ")
+
+
+@pytest.mark.slow
+def test_flash_page_loads_and_reacts(app_env) -> None:  # noqa: ANN001
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages/05_flashattention.py"), default_timeout=300)
+    at.run()
+    _no_exception(at)
+    assert not at.error
+    assert any("torch reference path on the CPU" in c.value for c in at.caption)
+    m = {x.label: x.value for x in at.metric}
+    pairs, skipped = int(m["Tile pairs"]), int(m["Skipped by causality"])
+    q_tiles = math.isqrt(pairs)
+    assert q_tiles * q_tiles == pairs and skipped == q_tiles * (q_tiles - 1) // 2  # 16 x 16 tiles, square grid
+    at.selectbox(key="flash-bm").set_value(32).run()
+    at.selectbox(key="flash-bn").set_value(8).run()
+    at.slider(key="flash-row").set_value(20).run()
+    at.selectbox(key="flash-head").set_value(7).run()
+    at.slider(key="flash-layer").set_value(0).run()
+    at.radio(key="flash-show").set_value("scores").run()
+    _no_exception(at)
+    errors = [r for r in at.dataframe[-1].value["rel. error"]]
+    assert all(float(e) < 1e-5 for e in errors)
+    submit = next(b for b in at.button if b.label == "Use this prompt")
+    at.slider(key="flash-row").set_value(int(at.slider(key="flash-row").max))  # the last row of the long prompt
+    at.text_area(key="flash-prompt").set_value("Hi")
+    submit.click().run()  # a short prompt: fewer tokens than the selected row, which must follow
+    _no_exception(at)
+    assert int({x.label: x.value for x in at.metric}["Tile pairs"]) < pairs
+    assert not at.warning, [w.value for w in at.warning]
+    at.text_area(key="flash-prompt").set_value("   ")
+    next(b for b in at.button if b.label == "Use this prompt").click().run()
+    _no_exception(at)
+    assert at.error  # an empty prompt is an error message, not a traceback
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page_file", ["02_attention_roofline.py", "05_flashattention.py"])
+def test_pages_open_through_the_navigation(app_env, page_file: str) -> None:  # noqa: ANN001
+    """Registered in app/registry.py and reachable from app/main.py's st.navigation."""
+    from streamlit.testing.v1 import AppTest
+
+    from app.registry import available_pages
+
+    assert f"pages/{page_file}" in [p.path for p in available_pages()]
+    at = AppTest.from_file(str(ROOT / "app/main.py"), default_timeout=300)
+    at.run()
+    at.switch_page(f"../pages/{page_file}").run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value in ("Attention roofline", "FlashAttention-2")
+
+
+# ---- both pages in headless Chromium -----------------------------------------------------------------
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 300_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed")
+    port = _free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "streamlit-server-roofline-flash.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true", "--server.port",
+         str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("streamlit did not start; see test-artifacts/streamlit-server-roofline-flash.log")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture()
+def page(server):  # noqa: ANN001
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+        pg.set_default_timeout(TIMEOUT_MS)
+        yield pg
+        browser.close()
+
+
+def _idle(pg) -> None:  # noqa: ANN001
+    """Until the script run triggered by the last action has finished (stApp carries the state)."""
+    pg.wait_for_timeout(300)
+    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=TIMEOUT_MS)
+    pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
+
+
+def _clean(pg) -> None:  # noqa: ANN001
+    exc = pg.locator('[data-testid="stException"]')
+    assert exc.count() == 0, exc.first.inner_text()
+    err = pg.locator('[data-testid="stAlertContentError"]')
+    assert err.count() == 0, err.first.inner_text()
+
+
+def _charts(pg) -> int:  # noqa: ANN001
+    return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
+
+
+def _shoot(pg, name: str) -> Path:  # noqa: ANN001
+    """The whole page: Streamlit scrolls inside its own container, so grow the viewport to fit it."""
+    height = pg.evaluate("() => Math.max(...Array.from(document.querySelectorAll("
+                         "'[data-testid=stMain], [data-testid=stAppViewContainer], section')).map(e => e.scrollHeight))")
+    pg.set_viewport_size({"width": 1600, "height": min(int(height) + 40, 16000)})
+    pg.wait_for_timeout(1500)  # Plotly redraws at the new size
+    path = ARTIFACTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    pg.set_viewport_size({"width": 1600, "height": 1000})
+    pg.wait_for_timeout(500)
+    return path
+
+
+def _step(pg, expected_records: int) -> None:  # noqa: ANN001
+    """Press Step and wait until the timeline reports the new record."""
+    pg.locator('[data-testid="stMainBlockContainer"] button', has_text="Step").first.click()
+    pg.get_by_text(f"{expected_records} step{'s' if expected_records > 1 else ''} recorded", exact=False).first.wait_for()
+    _idle(pg)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_browser_roofline(server: str, page) -> None:  # noqa: ANN001
+    page.goto(f"{server}/attention-roofline")
+    page.wait_for_selector("h1")
+    _idle(page)
+    _clean(page)
+    for i in range(1, 7):
+        _step(page, i)
+        _clean(page)
+    assert _charts(page) >= 4
+    assert "5 (decode)" in page.locator('[data-testid="stMetric"]', has_text="Selected step").inner_text()
+    _shoot(page, "02_attention_roofline_decode_step5")
+    timeline = page.locator('input[type="range"][aria-label^="Timeline"]').first
+    timeline.focus()
+    timeline.press("Home")  # back to step 0, the prefill: redrawn from its record
+    page.wait_for_function("() => document.querySelector('input[type=range][aria-label^=\"Timeline\"]')"
+                           ".getAttribute('aria-valuetext') === 'step 0'")
+    _idle(page)
+    _clean(page)
+    assert "0 (prefill)" in page.locator('[data-testid="stMetric"]', has_text="Selected step").inner_text()
+    _shoot(page, "02_attention_roofline_prefill_step0")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_browser_flashattention(server: str, page) -> None:  # noqa: ANN001
+    page.goto(f"{server}/flashattention")
+    page.wait_for_selector("h1")
+    _idle(page)
+    _clean(page)
+    assert _charts(page) >= 4  # tile grid, online softmax, heatmap, time/error
+    text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+    assert "re-enactment" in text and ("torch reference path on the CPU" in text or "Triton kernels on" in text)
+    _shoot(page, "05_flashattention")
+

@@ -1,0 +1,254 @@
+"""End-to-end: the real Streamlit server in headless Chromium (Playwright), one screenshot per page.
+
+Starts `streamlit run app/main.py` on a free localhost port, opens every page, presses Step, waits on
+data-testid selectors, and checks that charts rendered and no exception or error element appeared.
+Screenshots go to test-artifacts/ (gitignored) for a human to look at.
+
+Uses the real model unless INFERSCOPE_WEIGHTS is set. Run: pytest -m browser tests/test_browser.py
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1600, "height": 1000}
+SCRIPT_TIMEOUT_MS = 240_000  # a step is 0.1-0.3 s on an idle 2-core CPU, much more when it is shared
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} not installed (apt install chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = open(ARTIFACTS / "streamlit-server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"streamlit did not start; see {ARTIFACTS / 'streamlit-server.log'}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_sync.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):  # noqa: ANN001
+    ctx = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    pg = ctx.new_page()
+    pg.set_default_timeout(SCRIPT_TIMEOUT_MS)
+    yield pg
+    ctx.close()
+
+
+def wait_idle(pg) -> None:  # noqa: ANN001
+    """Wait until the script run (callbacks included) triggered by the last action has finished:
+    stApp carries the script state, the same signal Streamlit's own e2e tests wait on."""
+    pg.wait_for_timeout(300)
+    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=SCRIPT_TIMEOUT_MS)
+    pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
+
+
+def assert_clean(pg) -> None:  # noqa: ANN001
+    assert pg.locator('[data-testid="stException"]').count() == 0, pg.locator('[data-testid="stException"]').first.inner_text()
+    errors = pg.locator('[data-testid="stAlertContentError"]')
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def open_page(pg, server: str, path: str) -> None:  # noqa: ANN001
+    pg.goto(f"{server}/{path}")
+    pg.wait_for_selector('[data-testid="stMainBlockContainer"]')
+    pg.wait_for_selector("h1")
+    wait_idle(pg)
+
+
+def click_button(pg, label: str) -> None:  # noqa: ANN001
+    pg.locator('[data-testid="stMainBlockContainer"] button', has_text=label).first.click()
+    wait_idle(pg)
+
+
+def step(pg, expected_records: int) -> None:  # noqa: ANN001
+    """Press Step and wait until the timeline reports the new record (deterministic, unlike timers)."""
+    pg.locator('[data-testid="stMainBlockContainer"] button', has_text="Step").first.click()
+    label = f"{expected_records} step{'s' if expected_records > 1 else ''} recorded"
+    pg.get_by_text(label, exact=False).first.wait_for()
+    wait_idle(pg)
+
+
+def plotly_count(pg) -> int:  # noqa: ANN001
+    """Charts that actually drew (a Plotly SVG inside the element)."""
+    return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
+
+
+def shoot(pg, name: str) -> Path:  # noqa: ANN001
+    """The whole page: Streamlit scrolls inside stMain, so grow the viewport to its height first."""
+    height = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    pg.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height), 9000)})
+    pg.wait_for_timeout(1500)  # Plotly re-lays out on resize
+    path = ARTIFACTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    pg.set_viewport_size(VIEWPORT)
+    return path
+
+
+def test_home(server, page) -> None:  # noqa: ANN001
+    open_page(page, server, "")
+    page.wait_for_selector('[data-testid="stPageLink"]')
+    text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+    assert "InferScope" in text and "SmolLM2" in text or "random weights" in text
+    if "CPU" in text:
+        assert "torch reference path on the CPU" in text
+    assert page.locator('[data-testid="stPageLink"]').count() >= 3
+    assert_clean(page)
+    shoot(page, "00_home")
+
+
+ENGINE_PAGES = [
+    ("kv-cache", "01_kv_cache", 3),
+    ("attention-roofline", "02_attention_roofline", 4),
+    ("paged-attention", "03_paged_attention", 4),
+    ("continuous-batching", "04_continuous_batching", 3),
+    ("radix-prefix-cache", "06_radix_prefix_cache", 2),
+    ("chunked-prefill", "09_chunked_prefill", 3),
+]
+
+
+@pytest.mark.parametrize("path,name,min_charts", ENGINE_PAGES, ids=[p[1] for p in ENGINE_PAGES])
+def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) -> None:  # noqa: ANN001
+    open_page(page, server, path)
+    assert_clean(page)
+    for i in range(1, 5):
+        step(page, i)
+        assert_clean(page)
+    assert plotly_count(page) >= min_charts
+    shoot(page, f"{name}_step4")
+    # Scrub back to the first step: redrawn from records, still clean.
+    slider = page.locator('input[type="range"][aria-label^="Timeline"]').first
+    slider.focus()
+    slider.press("Home")
+    page.wait_for_function(
+        "() => document.querySelector('input[type=range][aria-label^=\"Timeline\"]').getAttribute('aria-valuetext') === 'step 0'")
+    wait_idle(page)
+    assert_clean(page)
+    assert plotly_count(page) >= min_charts
+    shoot(page, f"{name}_scrubbed")
+
+
+def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001
+    open_page(page, server, "kv-cache")
+    # 16 tokens instead of the default 48 keeps the test short on a shared CPU.
+    tokens = page.locator('input[type="range"][aria-label="Tokens to generate"]').first
+    tokens.focus()
+    tokens.press("Home")
+    tokens.press("ArrowRight")
+    wait_idle(page)
+    assert tokens.get_attribute("aria-valuetext") == "16"
+    click_button(page, "Measure both ways")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("Speed-up from the cache")')
+    assert_clean(page)
+    shoot(page, "01_kv_cache_measured")
+
+
+def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
+    open_page(page, server, "continuous-batching")
+    click_button(page, "Run to end")
+    click_button(page, "Run both policies")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("continuous: throughput")')
+    assert_clean(page)
+    assert plotly_count(page) >= 6
+    shoot(page, "04_continuous_batching_compared")
+
+
+def test_presentation_mode(server, page) -> None:  # noqa: ANN001
+    open_page(page, server, "paged-attention")
+    page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
+                 has_text="Presentation mode").first.click()
+    wait_idle(page)
+    step(page, 1)
+    assert not page.locator('[data-testid="stSidebar"]').is_visible()
+    assert_clean(page)
+    shoot(page, "03_paged_attention_presentation")
+    click_button(page, "Exit presentation mode")
+    assert page.locator('[data-testid="stSidebar"]').is_visible()
+
+
+def test_editor_and_kernel_panels(server, page) -> None:  # noqa: ANN001
+    open_page(page, server, "paged-attention")
+    step(page, 1)
+    for label in ("Scenario and requests", "Kernel timings for the selected step"):
+        page.locator('[data-testid="stExpander"] summary', has_text=label).first.click()
+        wait_idle(page)
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert page.locator('[data-testid="stPlotlyChart"]:has-text("Kernel time in step 0")').count() == 1
+    assert_clean(page)
+    shoot(page, "03_paged_attention_panels")
+
+
+def test_play_then_pause(server, page) -> None:  # noqa: ANN001
+    """Play steps the engine on a timer (st.fragment run_every); Pause stops it."""
+    open_page(page, server, "kv-cache")
+    page.locator('[data-testid="stMainBlockContainer"] button', has_text="Play").first.click()
+    page.get_by_text("3 steps recorded", exact=False).first.wait_for()
+    page.locator('[data-testid="stMainBlockContainer"] button', has_text="Pause").first.click()
+    wait_idle(page)
+
+
+    def recorded() -> int:
+        m = re.search(r"(\d+) steps? recorded", page.locator('[data-testid="stMainBlockContainer"]').inner_text())
+        return int(m.group(1)) if m else 0
+
+    paused_at = recorded()
+    page.wait_for_timeout(4000)
+    assert recorded() == paused_at >= 3
+    assert_clean(page)

@@ -12,6 +12,7 @@ from typing import Callable
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
+from app.analysis.side_by_side import step_alternately
 from app.analysis.trace_metrics import cumulative_clock
 from app.scenarios import RequestSpec, Scenario
 from app.session import EngineSession, SessionError
@@ -114,12 +115,6 @@ def compare_chunking(scenario: Scenario, weights: LoadedWeights, server: dict[st
     configs = {True: budget, False: unchunked_budget(scenario, weights)}
     sessions = {on: EngineSession.create(scenario.with_engine(chunked_prefill=on, max_num_batched_tokens=b),
                                          weights, server) for on, b in configs.items()}
-    steps = 0
-    while steps < max_steps and any(s.has_work for s in sessions.values()):
-        for s in sessions.values():
-            s.step()
-        steps += 1
-        if on_progress:
-            on_progress(steps)
+    step_alternately(sessions, max_steps, on_progress)
     runs = [ChunkRun(on, configs[on], tuple(s.records), tuple(s.errors)) for on, s in sessions.items()]
     return {r.key: r for r in runs}

@@ -11,6 +11,7 @@ from typing import Callable
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
+from app.analysis.side_by_side import step_alternately
 from app.scenarios import Scenario
 from app.session import EngineSession, SessionError
 
@@ -27,11 +28,5 @@ class PolicyRun:
 def compare_policies(scenario: Scenario, weights: LoadedWeights, server: dict[str, str], max_steps: int = 400,
                      on_progress: Callable[[int], None] | None = None) -> dict[str, PolicyRun]:
     sessions = {p: EngineSession.create(scenario.with_engine(policy=p), weights, server) for p in POLICIES}
-    steps = 0
-    while steps < max_steps and any(s.has_work for s in sessions.values()):
-        for s in sessions.values():
-            s.step()
-        steps += 1
-        if on_progress:
-            on_progress(steps)
+    step_alternately(sessions, max_steps, on_progress)
     return {p: PolicyRun(p, tuple(s.records), tuple(s.errors)) for p, s in sessions.items()}

@@ -13,6 +13,7 @@ import networkx as nx
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
+from app.analysis.side_by_side import step_alternately
 from app.analysis.trace_metrics import cumulative_clock
 from app.scenarios import Scenario
 from app.session import EngineSession, SessionError
@@ -170,12 +171,6 @@ def compare_prefix_cache(scenario: Scenario, weights: LoadedWeights, server: dic
     load on a shared CPU falls on both alike."""
     sessions = {on: EngineSession.create(scenario.with_engine(enable_prefix_cache=on), weights, server)
                 for on in (True, False)}
-    steps = 0
-    while steps < max_steps and any(s.has_work for s in sessions.values()):
-        for s in sessions.values():
-            s.step()
-        steps += 1
-        if on_progress:
-            on_progress(steps)
+    step_alternately(sessions, max_steps, on_progress)
     runs = [CacheRun(on, tuple(s.records), tuple(s.errors)) for on, s in sessions.items()]
     return {r.label: r for r in runs}

@@ -11,8 +11,8 @@ from app.charts.chunked import (compare_gaps_figure, compare_steps_figure, itera
                                 tokens_vs_budget)
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
-from app.state import page_cache
 from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
 from app.widgets.explain import explanation
 from app.widgets.request_table import request_state_table
 
@@ -82,24 +82,15 @@ def compare_section(session: EngineSession, page: str) -> None:
     st.markdown("Two fresh engines run this scenario to the end. **Chunked**: the scenario's budget. "
                 "**Prefill-first** (`chunked_prefill = False`): a whole prompt must fit one iteration, so its "
                 "budget is raised to the longest prompt + its max_tokens (the engine refuses anything smaller).")
-    cache = page_cache(page)
-    key = session.scenario.to_json()
-    if st.button("Run both ways", icon=":material/compare_arrows:", key="chunked-compare", type="primary"):
-        bar = st.progress(0, text="Running with and without chunking…")
-        cache["compare"] = (key, compare_chunking(
-            session.scenario, shared_weights(), server_engine_settings(),
-            on_progress=lambda n: bar.progress(min(n / 40, 1.0), text=f"Running both… step {n}")))
-        bar.empty()
-    stored = cache.get("compare")
-    if stored is None:
-        st.caption("Press **Run both ways** (two runs of the scenario; about 20–40 s on the CPU).")
+    runs = comparison_runner(
+        session, page, button_label="Run both ways", button_key="chunked-compare",
+        progress_text="Running with and without chunking…", step_text="Running both… step {n}", expected_steps=40,
+        hint="Press **Run both ways** (two runs of the scenario; about 20–40 s on the CPU).",
+        run=lambda on_progress: compare_chunking(session.scenario, shared_weights(), server_engine_settings(),
+                                                 on_progress=on_progress),
+        errors_of=lambda runs: (f"{r.label}: {e.message}" for r in runs.values() for e in r.errors))
+    if runs is None:
         return
-    scenario_json, runs = stored
-    if scenario_json != key:
-        st.caption("These results are for an earlier version of the scenario; run again to refresh.")
-    for run in runs.values():
-        for err in run.errors:
-            st.error(f"{run.label}: {err.message}")
     on, off = runs["chunked"], runs["unchunked"]
     w_on, w_off = worst_stall(list(on.records)), worst_stall(list(off.records))
     long_id = longest_prompt_request(list(on.records))

@@ -14,8 +14,8 @@ from app.charts.gantt import gantt
 from app.charts.latency import latency_comparison
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
-from app.state import page_cache
 from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
 from app.widgets.explain import explanation
 from app.widgets.request_table import request_state_table
 
@@ -76,24 +76,16 @@ def comparison_section(session: EngineSession, page: str) -> None:
     st.subheader("Static vs continuous batching on the same requests")
     st.markdown("Both policies run the scenario's requests to the end on two fresh engines (same model, same "
                 "knobs, only the policy differs). Throughput and latency are measured from each run's own step times.")
-    cache = page_cache(page)
-    key = session.scenario.to_json()
-    if st.button("Run both policies", icon=":material/compare_arrows:", key="cb-compare", type="primary"):
-        bar = st.progress(0, text="Running static and continuous batching…")
-        cache["compare"] = (key, compare_policies(
-            session.scenario, shared_weights(), server_engine_settings(),
-            on_progress=lambda n: bar.progress(min(n / 120, 1.0), text=f"Running both policies… step {n}")))
-        bar.empty()
-    stored = cache.get("compare")
-    if stored is None:
-        st.caption("Press **Run both policies** (each run is a few dozen steps; about 10–30 s on the CPU).")
+    runs = comparison_runner(
+        session, page, button_label="Run both policies", button_key="cb-compare",
+        progress_text="Running static and continuous batching…", step_text="Running both policies… step {n}",
+        expected_steps=120,
+        hint="Press **Run both policies** (each run is a few dozen steps; about 10–30 s on the CPU).",
+        run=lambda on_progress: compare_policies(session.scenario, shared_weights(), server_engine_settings(),
+                                                 on_progress=on_progress),
+        errors_of=lambda runs: (f"{r.policy}: {e.message}" for r in runs.values() for e in r.errors))
+    if runs is None:
         return
-    scenario_json, runs = stored
-    if scenario_json != key:
-        st.caption("These results are for an earlier version of the scenario; run again to refresh.")
-    for run in runs.values():
-        for err in run.errors:
-            st.error(f"{run.policy}: {err.message}")
     m = st.columns(len(runs) * 2)
     for i, (policy, run) in enumerate(runs.items()):
         lat = request_latencies(list(run.records))

@@ -11,8 +11,8 @@ from app.charts.radix_tree import cache_compare_figure, cache_series_figure, rad
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec
 from app.session import EngineSession
-from app.state import page_cache
 from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
 from app.widgets.explain import explanation
 from app.widgets.request_table import request_state_table
 
@@ -124,25 +124,15 @@ def compare_section(session: EngineSession, page: str) -> None:
     st.subheader("The same requests with the cache on and off")
     st.markdown("Two fresh engines run this scenario to the end, identical except for `enable_prefix_cache`. "
                 "Prefill work is counted from what the forward passes really computed; time is measured.")
-    cache = page_cache(page)
-    key = session.scenario.to_json()
-    if st.button("Run with and without the cache", icon=":material/compare_arrows:", key="radix-compare",
-                 type="primary"):
-        bar = st.progress(0, text="Running the scenario twice…")
-        cache["compare"] = (key, compare_prefix_cache(
-            session.scenario, shared_weights(), server_engine_settings(),
-            on_progress=lambda n: bar.progress(min(n / 40, 1.0), text=f"Running both… step {n}")))
-        bar.empty()
-    stored = cache.get("compare")
-    if stored is None:
-        st.caption("Press **Run with and without the cache** (two runs of the scenario; about 10–30 s on the CPU).")
+    runs = comparison_runner(
+        session, page, button_label="Run with and without the cache", button_key="radix-compare",
+        progress_text="Running the scenario twice…", step_text="Running both… step {n}", expected_steps=40,
+        hint="Press **Run with and without the cache** (two runs of the scenario; about 10–30 s on the CPU).",
+        run=lambda on_progress: compare_prefix_cache(session.scenario, shared_weights(), server_engine_settings(),
+                                                     on_progress=on_progress),
+        errors_of=lambda runs: (f"{r.label}: {e.message}" for r in runs.values() for e in r.errors))
+    if runs is None:
         return
-    scenario_json, runs = stored
-    if scenario_json != key:
-        st.caption("These results are for an earlier version of the scenario; run again to refresh.")
-    for run in runs.values():
-        for err in run.errors:
-            st.error(f"{run.label}: {err.message}")
     on, off = runs["cache on"], runs["cache off"]
     m = st.columns(4)
     saved = off.prefill_tokens - on.prefill_tokens

@@ -44,6 +44,7 @@ class Sequence:
     first_token_time: float = -1.0
     token_times: list[float] = field(default_factory=list)  # wall-clock time each output token appeared
     arrival_time: float = -1.0
+    spec_gamma: int | None = None  # speculative drafts per round for this request (None: the engine's default)
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,183 @@
+"""Speculative decoding on the CPU: acceptance, tokens per target pass and speedup, per drafter and gamma.
+
+One request at a time (speculation buys latency when a pass is bound by reading the weights, not by
+compute: batch 1 is where it matters), greedy, so every configuration emits exactly the same tokens
+and only the time differs. Two workloads: "copy" (summarise / correct a given text: prompt lookup shines)
+and "chat" (open questions: little to copy). Only the decode phase is timed (the prefill step is the
+same for every configuration). Configurations run interleaved, prompt by prompt, so load drifting on
+a shared machine hits all of them alike.
+
+Columns: alpha = accepted / (accepted + rejections), the per-draft acceptance probability under the
+i.i.d. model of Leviathan et al. (each round's drafts are evaluated until the first rejection);
+tok/pass = emitted tokens per target pass of the request (plain decoding: 1); pred = the predicted
+tokens per pass (1 - alpha^(g+1)) / (1 - alpha); c = measured draft
+cost per drafted token / plain decode cost per token; v = mean target-pass cost of the speculative run
+(verification passes of 1 + g rows, and plain passes where no draft was found) / plain decode pass
+cost (the closed form assumes v = 1); predicted = (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1));
+pred(v) = the same with g c + v in the denominator (the verification pass priced as measured).
+
+    OMP_NUM_THREADS=1 python bench/spec.py --repeats 2        # both workloads, gamma 1..5 (~50 min on 2 busy cores)
+    python bench/spec.py --gammas 2 4 --max-tokens 48 --drafters ngram
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import LLMEngine  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.weights import load_weights  # noqa: E402
+
+PARAGRAPH = ("The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night its "
+             "keeper climbed the narrow stairs, cleaned the great lens and lit the lamp, so that the fishing boats "
+             "could find their way home through the fog. When the keeper grew old, his daughter took over the work, "
+             "and she kept the light burning until the day the harbour closed.")
+TYPOS = PARAGRAPH.replace("lighthouse", "lighthuose").replace("narrow", "narow").replace("fishing", "fishng")
+# "copy": answers that reuse the prompt's text. (Code edits would be the other classic case, but this
+# 135M model rewrites a function instead of editing it, so there is little to copy.)
+WORKLOADS: dict[str, list] = {
+    "copy": [
+        [{"role": "user", "content": "Summarise the following text in two sentences:\n\n" + PARAGRAPH}],
+        [{"role": "user", "content": "Correct the spelling mistakes in the following text and write out the "
+                                     "corrected text:\n\n" + TYPOS}],
+    ],
+    "chat": [
+        [{"role": "user", "content": "Write a short story about a robot who learns to paint."}],
+        [{"role": "user", "content": "Explain how photosynthesis works."}],
+    ],
+}
+
+
+def _engine(weights, drafter: str, args) -> LLMEngine:
+    cfg = EngineConfig(num_blocks=64, max_model_len=1024, profile_kernels=False, trace_detail="light",
+                       spec_drafter=drafter, spec_draft_layers=args.draft_layers, spec_gamma=0)
+    engine = LLMEngine(cfg, weights)
+    engine.generate("Warm up.", SamplingParams(max_tokens=4))
+    return engine
+
+
+def _run_one(engine: LLMEngine, prompt, gamma: int, max_tokens: int) -> dict:
+    spec = engine.speculator
+    c0 = dict(engine.counters)
+    t0 = dict(spec.totals) if spec else {}
+    kw = {"spec_gamma": gamma} if spec else {}
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=max_tokens), **kw)
+    records = []
+    while engine.has_work():
+        records.append(engine.step())
+    decode = records[1:]  # step 0 is the prefill (it emits the first token)
+    res = engine.result(rid)
+    d = {k: engine.counters[k] - c0.get(k, 0) for k in engine.counters}
+    out = dict(tokens=list(res.token_ids), decode_tokens=len(res.token_ids) - 1,
+               decode_seconds=sum(r.wall_seconds for r in decode), passes=len(decode),
+               forward_seconds=sum(r.forward_seconds for r in decode))
+    if spec:
+        out.update(rounds=d["spec_rounds"], drafted=d["spec_drafted_tokens"], accepted=d["spec_accepted_tokens"],
+                   rejections=d["spec_rejected_rounds"], emitted=d["spec_emitted_tokens"],
+                   draft_seconds=spec.totals["draft_seconds"] - t0["draft_seconds"],
+                   draft_passes=spec.totals["draft_passes"] - t0["draft_passes"])
+    return out
+
+
+def _sum(runs: list[dict], key: str) -> float:
+    return sum(r.get(key, 0) for r in runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--drafters", nargs="+", default=["ngram", "early_exit"], choices=["ngram", "early_exit"])
+    ap.add_argument("--draft-layers", type=int, default=16, help="early-exit drafter: layers of the 30 it runs")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per prompt and configuration; the fastest counts")
+    ap.add_argument("--out", default="bench/results/spec_cpu.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    weights = load_weights("real")
+    engines = {"plain": _engine(weights, "none", args)}
+    for d in args.drafters:
+        engines[d] = _engine(weights, d, args)
+    configs = [("plain", 0)] + [(d, g) for d in args.drafters for g in args.gammas]
+    runs: dict[tuple[str, str, int], list[dict]] = {}
+    for wl in args.workloads:
+        for i, prompt in enumerate(WORKLOADS[wl]):
+            for drafter, gamma in configs:
+                t = time.perf_counter()
+                tries = [_run_one(engines[drafter], prompt, gamma, args.max_tokens) for _ in range(args.repeats)]
+                r = min(tries, key=lambda x: x["decode_seconds"])  # load on a shared machine only adds time
+                runs.setdefault((wl, drafter, gamma), []).append(r)
+                print(f"  {wl} prompt {i} {drafter:<10} g={gamma}  {r['decode_tokens']} tokens "
+                      f"{r['decode_seconds']:.2f} s decode ({time.perf_counter() - t:.1f} s)", flush=True)
+
+    rows = []
+    for wl in args.workloads:
+        base = runs[(wl, "plain", 0)]
+        base_tok_s = _sum(base, "decode_seconds") / _sum(base, "decode_tokens")  # seconds per token
+        base_pass_s = _sum(base, "forward_seconds") / _sum(base, "passes")
+        for drafter, gamma in configs:
+            rs = runs[(wl, drafter, gamma)]
+            same = all(a["tokens"] == b["tokens"] for a, b in zip(rs, base))
+            sec_per_tok = _sum(rs, "decode_seconds") / _sum(rs, "decode_tokens")
+            row = dict(workload=wl, drafter=drafter, gamma=gamma, identical_to_plain=same,
+                       decode_tokens=int(_sum(rs, "decode_tokens")), decode_seconds=_sum(rs, "decode_seconds"),
+                       tok_per_s=1.0 / sec_per_tok, speedup=base_tok_s / sec_per_tok,
+                       target_passes=int(_sum(rs, "passes")),
+                       tokens_per_pass=_sum(rs, "decode_tokens") / _sum(rs, "passes"))
+            if drafter != "plain":
+                acc, rej = _sum(rs, "accepted"), _sum(rs, "rejections")
+                alpha = acc / (acc + rej) if acc + rej else 0.0
+                drafted = _sum(rs, "drafted")
+                # Draft cost per drafted token: prompt lookup's lookups; early exit's k-layer passes.
+                units = _sum(rs, "draft_passes") if drafter == "early_exit" else drafted
+                c = (_sum(rs, "draft_seconds") / units) / base_tok_s if units else 0.0
+                v = (_sum(rs, "forward_seconds") / _sum(rs, "passes")) / base_pass_s
+                g = gamma
+                pred = (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)) if alpha < 1 else (g + 1) / (g * c + 1)
+                pred_tpp = (1 - alpha ** (g + 1)) / (1 - alpha) if alpha < 1 else g + 1
+                row.update(predicted_speedup_v_adjusted=pred_tpp / (g * c + v), drafted=int(drafted), accepted=int(acc), rejections=int(rej), alpha=alpha,
+                           accepted_fraction=acc / drafted if drafted else 0.0,
+                           c=c, v=v, predicted_tokens_per_pass=pred_tpp, predicted_speedup=pred,
+                           draft_seconds=_sum(rs, "draft_seconds"))
+            rows.append(row)
+
+    print(f"\nCPU ({platform.processor() or platform.machine()}), {args.threads} thread(s), torch {torch.__version__}, "
+          f"SmolLM2-135M fp32, batch 1, greedy, {args.max_tokens} new tokens per prompt, "
+          f"early-exit drafter = first {args.draft_layers}/30 layers")
+    hdr = (f"{'workload':<8} {'drafter':<10} {'g':>2} {'alpha':>6} {'acc/drft':>9} {'tok/pass':>8} {'pred':>5} "
+           f"{'c':>5} {'v':>5} {'tok/s':>6} {'speedup':>7} {'predicted':>9} {'pred(v)':>7} {'same':>5}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        if r["drafter"] == "plain":
+            print(f"{r['workload']:<8} {'plain':<10} {'-':>2} {'':>6} {'':>9} {1.0:>8.2f} {'':>5} {'':>5} {'':>5} "
+                  f"{r['tok_per_s']:>6.2f} {1.0:>7.2f} {'':>9} {'':>7} {'':>5}")
+            continue
+        print(f"{r['workload']:<8} {r['drafter']:<10} {r['gamma']:>2} {r['alpha']:>6.3f} "
+              f"{r['accepted']:>4}/{r['drafted']:<4} {r['tokens_per_pass']:>8.2f} {r['predicted_tokens_per_pass']:>5.2f} "
+              f"{r['c']:>5.3f} {r['v']:>5.2f} {r['tok_per_s']:>6.2f} {r['speedup']:>7.2f} {r['predicted_speedup']:>9.2f} "
+              f"{r['predicted_speedup_v_adjusted']:>7.2f} "
+              f"{'yes' if r['identical_to_plain'] else 'NO':>5}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(
+        device="cpu", threads=args.threads, omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        torch=torch.__version__, model="SmolLM2-135M-Instruct fp32", max_tokens=args.max_tokens,
+        draft_layers=args.draft_layers, gammas=args.gammas, workloads={k: len(v) for k, v in WORKLOADS.items()},
+        repeats=args.repeats, command=" ".join(["python"] + sys.argv), rows=rows), indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Drafters: cheap proposers of the next few tokens, all behind one interface.
+
+A drafter sees a sequence whose tokens are all computed except the last sampled one (position
+`seq.num_computed_tokens`), and proposes up to `gamma` tokens to follow it. It may propose fewer
+(prompt lookup finds no match): the round then verifies what there is, possibly nothing.
+
+- `PromptLookupDrafter` ("ngram"): find the most recent earlier occurrence of the context's last
+  n tokens (n from `max_n` down to `min_n`) and propose the gamma tokens that followed it (a
+  continuation reaching the end of the context goes on copying at the same lag, so a repeating
+  pattern is proposed in full). No model, so no q: the
+  proposal is deterministic (a one-hot q). Shines when the output copies the input (summaries,
+  code edits, quoting).
+- `EarlyExitDrafter` ("early_exit"): the target's own first k layers, then its final RMSNorm and
+  tied LM head, run as gamma one-token passes batched over every drafting sequence. It shares the
+  target's KV pool and block tables: draft pass j writes layers 0..k-1 of position start + j into
+  the slots the scheduler reserved for the round, exactly what the target's layers 0..k-1 compute
+  for the same token (those layers *are* the target's). The verification pass then rewrites every
+  layer of those positions and the rollback truncates the rejected ones, so the draft state needs
+  no separate rollback: it is the target's block table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.forward_batch import build_forward_batch
+from engine.sampler import filtered_probs
+from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
+
+
+@dataclass(slots=True)
+class DraftProposal:
+    tokens: list[int]
+    # [len(tokens), V] distributions the tokens were sampled from (sampled requests of a stochastic
+    # drafter); None for deterministic proposals (one-hot q) and for greedy requests.
+    q_probs: torch.Tensor | None = None
+    # q(token) for each token, for the trace (1.0 for one-hot; temperature-1 softmax for greedy).
+    q_of_tokens: list[float] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)  # drafter-specific, JSON-able (e.g. the n-gram match)
+
+
+class Drafter:
+    """Interface. `propose` is per sequence; `propose_batch` may batch (the default loops)."""
+
+    name: str = "drafter"
+    deterministic: bool = True  # True: q is one-hot (no q_probs)
+
+    def propose(self, seq: Sequence, gamma: int) -> DraftProposal:
+        raise NotImplementedError
+
+    def propose_batch(self, requests: list[tuple[Sequence, int]]) -> list[DraftProposal]:
+        return [self.propose(seq, gamma) for seq, gamma in requests]
+
+    def max_proposal(self, seq: Sequence, gamma: int) -> int:
+        """How many tokens `propose` would return at most; asked before scheduling so the scheduler
+        reserves only the slots a round can use."""
+        return gamma
+
+
+class PromptLookupDrafter(Drafter):
+    name = "ngram"
+    deterministic = True
+
+    def __init__(self, min_n: int = 2, max_n: int = 3) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self._memo: dict[int, tuple[int, int, DraftProposal]] = {}  # seq_id -> (num_tokens, gamma, proposal)
+
+    def _lookup(self, tokens: list[int], gamma: int) -> DraftProposal:
+        n_tok = len(tokens)
+        for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
+            suffix = tokens[n_tok - n:]
+            first = suffix[0]
+            # Most recent earlier occurrence first: recent text is the likeliest to be copied next.
+            for i in range(n_tok - n - 1, -1, -1):
+                if tokens[i] == first and tokens[i:i + n] == suffix:
+                    # Copy what followed the match, at a fixed lag; a continuation that runs into
+                    # the present keeps copying its own drafts (a repeating pattern repeats on).
+                    lag = n_tok - (i + n)
+                    cont: list[int] = []
+                    for j in range(gamma):
+                        src = i + n + j
+                        cont.append(tokens[src] if src < n_tok else cont[src - n_tok])
+                    return DraftProposal(cont, None, [1.0] * len(cont),
+                                         {"ngram_n": n, "match_position": i, "copied_from": i + n, "lag": lag})
+        return DraftProposal([], None, [], {"ngram_n": 0, "match_position": -1, "copied_from": -1})
+
+    def propose_batch(self, requests: list[tuple[Sequence, int]]) -> list[DraftProposal]:
+        out = [self.propose(seq, gamma) for seq, gamma in requests]
+        self._memo.clear()  # lookups made for sequences the scheduler did not run are stale next step
+        return out
+
+    def propose(self, seq: Sequence, gamma: int) -> DraftProposal:
+        memo = self._memo.pop(seq.seq_id, None)
+        if memo is not None and memo[0] == seq.num_tokens and memo[1] >= gamma:
+            prop = memo[2]
+            return DraftProposal(prop.tokens[:gamma], None, prop.q_of_tokens[:gamma], prop.detail)
+        return self._lookup(seq.token_ids, gamma) if gamma > 0 else DraftProposal([])
+
+    def max_proposal(self, seq: Sequence, gamma: int) -> int:
+        if gamma <= 0:
+            return 0
+        prop = self._lookup(seq.token_ids, gamma)
+        self._memo[seq.seq_id] = (seq.num_tokens, gamma, prop)
+        return len(prop.tokens)
+
+
+class EarlyExitDrafter(Drafter):
+    name = "early_exit"
+    deterministic = False
+
+    def __init__(self, engine: "LLMEngine", num_layers: int) -> None:
+        total = engine.model_config.num_layers
+        if not 1 <= num_layers < total:
+            raise ValueError(f"early-exit draft layers must be in [1, {total - 1}], got {num_layers}")
+        self.engine = engine
+        self.num_layers = num_layers
+
+    def propose(self, seq: Sequence, gamma: int) -> DraftProposal:
+        return self.propose_batch([(seq, gamma)])[0]
+
+    def propose_batch(self, requests: list[tuple[Sequence, int]]) -> list[DraftProposal]:
+        eng = self.engine
+        bm, model, pool = eng.block_manager, eng.model, eng.pool
+        props = [DraftProposal([], None, [], {"draft_layers": self.num_layers}) for _ in requests]
+        q_rows: list[list[torch.Tensor]] = [[] for _ in requests]
+        last = [seq.token_ids[-1] for seq, _ in requests]
+        for j in range(max((g for _, g in requests), default=0)):
+            active = [i for i, (_, g) in enumerate(requests) if g > j]
+            paged = []
+            for i in active:
+                seq = requests[i][0]
+                pos = seq.num_computed_tokens + j  # slots reserved by the scheduler for this round
+                paged.append(([last[i]], pos, [bm.slot(seq.seq_id, pos)], bm.tables[seq.seq_id]))
+            batch = build_forward_batch([], paged, list(range(len(active))), eng.device)
+            logits = model.forward(batch, pool, num_layers=self.num_layers).float()
+            greedy_rows = logits.argmax(-1).tolist()
+            soft = None
+            for r, i in enumerate(active):
+                seq = requests[i][0]
+                if seq.params.greedy:
+                    tok = int(greedy_rows[r])
+                    if soft is None:
+                        soft = torch.softmax(logits, dim=-1)
+                    qd = float(soft[r, tok])
+                else:
+                    q = filtered_probs(logits[r], seq.params).cpu()
+                    tok = int(torch.multinomial(q, 1, generator=seq.generator))
+                    q_rows[i].append(q)
+                    qd = float(q[tok])
+                props[i].tokens.append(tok)
+                props[i].q_of_tokens.append(qd)
+                last[i] = tok
+        for i, rows in enumerate(q_rows):
+            if rows:
+                props[i].q_probs = torch.stack(rows)
+        return props
+
+
+def make_drafter(engine: "LLMEngine") -> Drafter:
+    cfg = engine.config
+    if cfg.spec_drafter == "ngram":
+        return PromptLookupDrafter(cfg.spec_ngram_min, cfg.spec_ngram_max)
+    if cfg.spec_drafter == "early_exit":
+        return EarlyExitDrafter(engine, cfg.spec_draft_layers)
+    raise ValueError(f"unknown drafter {cfg.spec_drafter!r}")
+

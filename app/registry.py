@@ -66,7 +66,9 @@ PAGES: tuple[PageSpec, ...] = (
              "iteration time and time between tokens, and the worst stall with chunking on vs off.",
              ":material/splitscreen:", "pages/09_chunked_prefill.py", "chunked-prefill"),
     PageSpec("Speculative decoding", "Scheduling and decoding",
-             "Draft, verify, accept with min(1, p/q).", ":material/fast_forward:"),
+             "Draft, verify, accept with min(1, p/q): every round's drafts, p, q and uniform draws, the rolled-back "
+             "KV slots, the closed form vs measured acceptance, and prompt lookup vs early exit vs plain decoding.",
+             ":material/fast_forward:", "pages/07_speculative_decoding.py", "speculative-decoding"),
     PageSpec("Medusa and EAGLE", "Scheduling and decoding",
              "Tree speculation from the model's own hidden states.", ":material/park:"),
     PageSpec("Disaggregated prefill/decode", "Serving",

@@ -226,3 +226,58 @@ CHUNKED_PREFILL: list[Scenario] = [
                                              request_id="long"),),
     ),
 ]
+
+# ---- Speculative decoding (pages/07) -------------------------------------------------------------
+
+# The "copy" workload of bench/spec.py: the answer reuses the prompt's text, so prompt lookup (n-gram)
+# finds its drafts in the prompt; open chat has little to copy.
+_LIGHTHOUSE = ("The old lighthouse stood at the edge of the cliff for more than two hundred years. Every night its "
+               "keeper climbed the narrow stairs, cleaned the great lens and lit the lamp, so that the fishing boats "
+               "could find their way home through the fog.")
+_TYPOS = _LIGHTHOUSE.replace("lighthouse", "lighthuose").replace("narrow", "narow").replace("fishing", "fishng")
+SPEC_COPY_PROMPT = "Correct the spelling mistakes in the following text and write out the corrected text:\n\n" + _TYPOS
+SPEC_CHAT_PROMPT = "Write a short story about a robot who learns to paint."
+_SPEC_ENGINE = {"block_size": 16, "num_blocks": 64, "max_model_len": 512, "max_num_seqs": 4, "spec_draft_layers": 16}
+
+SPECULATIVE: list[Scenario] = [
+    Scenario(
+        name="Copy-edit a paragraph, prompt lookup (n-gram), γ = 4",
+        description="The answer repeats the prompt's text: prompt lookup copies the tokens that followed the "
+                    "last 2-3 tokens' earlier occurrence, and the target accepts most of them (greedy).",
+        engine={**_SPEC_ENGINE, "spec_drafter": "ngram", "spec_gamma": 4},
+        requests=(RequestSpec(SPEC_COPY_PROMPT, max_tokens=48, ignore_eos=True, request_id="copy"),),
+    ),
+    Scenario(
+        name="Open chat, prompt lookup (n-gram), γ = 4",
+        description="A story has little to copy from its prompt: lookup often finds no match (plain decoding) "
+                    "and its guesses are mostly rejected.",
+        engine={**_SPEC_ENGINE, "spec_drafter": "ngram", "spec_gamma": 4},
+        requests=(RequestSpec(SPEC_CHAT_PROMPT, max_tokens=40, ignore_eos=True, request_id="chat"),),
+    ),
+    Scenario(
+        name="Copy-edit, early-exit drafter (16 of 30 layers), γ = 3",
+        description="The draft model is the target's own first 16 layers + its LM head: it costs about half a "
+                    "target pass per draft, and on this 135M model it rarely agrees with the full model.",
+        engine={**_SPEC_ENGINE, "spec_drafter": "early_exit", "spec_gamma": 3, "spec_draft_layers": 16},
+        requests=(RequestSpec(SPEC_COPY_PROMPT, max_tokens=32, ignore_eos=True, request_id="copy"),),
+    ),
+    Scenario(
+        name="Sampled (temperature 0.8), early exit (26 layers): u against min(1, p/q)",
+        description="Sampling mode: each draft is kept iff a uniform u < p/q, and a rejection is replaced by a "
+                    "draw from the residual max(0, p − q). Early exit has a real q, so p/q varies; 26 of 30 "
+                    "layers so that some drafts survive (and c is close to 1: no speedup).",
+        engine={**_SPEC_ENGINE, "spec_drafter": "early_exit", "spec_gamma": 3, "spec_draft_layers": 26},
+        requests=(RequestSpec(SPEC_COPY_PROMPT, max_tokens=32, temperature=0.8, seed=3, ignore_eos=True,
+                              request_id="copy-T0.8"),),
+    ),
+    Scenario(
+        name="Sampled (temperature 0.7), prompt lookup, copy + chat together",
+        description="Two requests in one batch, both sampled: with prompt lookup q = 1, so a draft survives iff "
+                    "u < p. The copy request keeps long runs; the chat request rarely has drafts.",
+        engine={**_SPEC_ENGINE, "spec_drafter": "ngram", "spec_gamma": 4},
+        requests=(RequestSpec(SPEC_COPY_PROMPT, max_tokens=40, temperature=0.7, seed=1, ignore_eos=True,
+                              request_id="copy"),
+                  RequestSpec(SPEC_CHAT_PROMPT, max_tokens=40, temperature=0.7, seed=2, ignore_eos=True,
+                              request_id="chat")),
+    ),
+]

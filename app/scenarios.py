@@ -17,6 +17,7 @@ from engine.sampling_params import SamplingParams
 ENGINE_KEYS: tuple[str, ...] = (
     "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "policy",
     "chunked_prefill", "enable_prefix_cache", "kernel_backend", "cuda_graphs", "seed",
+    "spec_drafter", "spec_gamma", "spec_draft_layers",
 )
 MAX_UPLOAD_BYTES = 256 * 1024
 MAX_REQUESTS = 64
@@ -91,6 +92,7 @@ _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "block_size": (int,), "num_blocks": (int,), "max_num_seqs": (int,), "max_num_batched_tokens": (int,),
     "max_model_len": (int,), "policy": (str,), "chunked_prefill": (bool,), "enable_prefix_cache": (bool,),
     "kernel_backend": (str,), "cuda_graphs": (bool,), "seed": (int,),
+    "spec_drafter": (str,), "spec_gamma": (int,), "spec_draft_layers": (int,),
 }
 
 

@@ -161,6 +161,7 @@ ENGINE_PAGES = [
     ("continuous-batching", "04_continuous_batching", 3),
     ("radix-prefix-cache", "06_radix_prefix_cache", 2),
     ("chunked-prefill", "09_chunked_prefill", 3),
+    ("speculative-decoding", "07_speculative_decoding", 4),
 ]
 
 

@@ -28,11 +28,18 @@ def _version_key(page: str) -> str:
     return f"{page}-scenario-version"
 
 
-def _load(session: EngineSession, page: str, scenario: Scenario) -> None:
-    if session.reset(scenario):
-        st.session_state[_version_key(page)] = st.session_state.get(_version_key(page), 0) + 1
-        st.session_state[f"{page}-playing"] = False
-        follow_latest(session, page)
+def load_scenario(session: EngineSession, page: str, scenario: Scenario) -> bool:
+    """Restart the page's engine on `scenario` (a new timeline); the editor's widgets follow it."""
+    return _load(session, page, scenario)
+
+
+def _load(session: EngineSession, page: str, scenario: Scenario) -> bool:
+    if not session.reset(scenario):
+        return False
+    st.session_state[_version_key(page)] = st.session_state.get(_version_key(page), 0) + 1
+    st.session_state[f"{page}-playing"] = False
+    follow_latest(session, page)
+    return True
 
 
 def requests_frame(requests: tuple[RequestSpec, ...]) -> pd.DataFrame:
@@ -93,6 +100,15 @@ def _engine_inputs(scenario: Scenario, prefix: str) -> dict[str, Any]:
     out["policy"] = c[1].radio("policy", ["continuous", "static"], index=["continuous", "static"].index(cfg.policy),
                                horizontal=True, key=f"{prefix}-pol")
     out["chunked_prefill"] = c[2].checkbox("chunked prefill", cfg.chunked_prefill, key=f"{prefix}-cp")
+    if "spec_drafter" in scenario.engine:  # speculative-decoding scenarios show their drafter knobs
+        c = st.columns(4)
+        drafters = ["none", "ngram", "early_exit"]
+        out["spec_drafter"] = c[0].selectbox("spec_drafter", drafters, index=drafters.index(cfg.spec_drafter),
+                                             key=f"{prefix}-sd")
+        out["spec_gamma"] = c[1].number_input("spec_gamma (drafts per round)", 0, 16, cfg.spec_gamma,
+                                              key=f"{prefix}-sg")
+        out["spec_draft_layers"] = c[2].number_input("spec_draft_layers (early exit)", 1, 30,
+                                                     cfg.spec_draft_layers, key=f"{prefix}-sl")
     return {k: (int(v) if isinstance(v, float) else v) for k, v in out.items()}
 
 

@@ -1,0 +1,284 @@
+"""Speculative decoding read from StepRecords (the "spec" extra, documented in engine/speculative):
+one round's verdicts and rolled-back KV slots, acceptance and tokens per target pass over steps, the
+closed form of Leviathan et al., the CPU benchmark in bench/results/spec_cpu.json, and a run of one
+scenario with each drafter and with plain decoding.
+
+Acceptance is measured as the benchmark measures it: alpha = accepted / (accepted + rejections),
+the per-draft acceptance probability under the i.i.d. model (a round's drafts are checked until the
+first rejection, so later drafts are never "tried").
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.trace import StepRecord
+from engine.weights import LoadedWeights
+
+from app.analysis.side_by_side import step_alternately
+from app.scenarios import Scenario
+from app.session import EngineSession, SessionError
+
+BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "spec_cpu.json"
+DRAFTER_LABELS = {"plain": "plain decoding", "none": "plain decoding", "ngram": "prompt lookup (n-gram)",
+                  "early_exit": "early exit"}
+
+
+# ---- the closed form -----------------------------------------------------------------------------
+
+def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
+    """E[tokens per target pass] = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts + the final token."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
+    """(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)): tokens per pass over the cost of a round,
+    in units of one target pass (gamma drafts at c each + the verification pass)."""
+    return expected_tokens_per_pass(alpha, gamma) / (gamma * c + 1.0)
+
+
+# ---- one round -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """A ROUND dict of the "spec" extra with what the page draws derived from it."""
+    raw: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    @property
+    def request_id(self) -> str:
+        return self.raw["request_id"]
+
+    @property
+    def g(self) -> int:
+        return int(self.raw["num_drafted"])
+
+    @property
+    def ratios(self) -> list[float]:
+        """min(1, p/q) per draft: the probability the rule keeps it."""
+        return [min(1.0, p / q) if q > 0 else 1.0 for p, q in zip(self.raw["p"], self.raw["q"])]
+
+    @property
+    def written_slots(self) -> int:
+        """KV slots the verification pass wrote: the last emitted token (its KV was not cached yet) + g drafts."""
+        return 1 + self.g
+
+    @property
+    def kept_slots(self) -> int:
+        return 1 + int(self.raw["num_accepted"])
+
+    @property
+    def rolled_back(self) -> int:
+        """Slots of rejected and unverified drafts, truncated after the pass."""
+        return self.g - int(self.raw["num_accepted"])
+
+    @property
+    def emitted(self) -> int:
+        return len(self.raw["emitted_token_ids"])
+
+    @property
+    def rejected_index(self) -> int | None:
+        return next((i for i, v in enumerate(self.raw["verdicts"]) if v == "rejected"), None)
+
+
+def step_rounds(record: StepRecord) -> list[RoundView]:
+    spec = record.extra("spec")
+    return [RoundView(dict(r)) for r in spec["rounds"]] if spec else []
+
+
+def step_skipped(record: StepRecord) -> list[dict[str, Any]]:
+    spec = record.extra("spec")
+    return [dict(s) for s in spec["skipped"]] if spec else []
+
+
+def round_sentence(r: RoundView) -> str:
+    """One line in words: what the drafter proposed and what the target kept."""
+    n, g = int(r["num_accepted"]), r.g
+    final = r["final_text"]
+    if r["final_kind"] == "bonus":
+        tail = f"all accepted, plus the bonus token `{final}` from the last row"
+    else:
+        i = r.rejected_index
+        tail = (f"draft {i + 1} `{r['draft_texts'][i]}` rejected and replaced by `{final}`"
+                + (" (resampled from max(0, p − q))" if r["mode"] == "sampled" else " (the target's argmax)")
+                + (f"; {g - i - 1} later draft(s) never checked" if i is not None and g - i - 1 else ""))
+    return (f"**{r.request_id}** ({r['mode']}): drafted {g}, accepted {n}, {tail} → **{r.emitted} token"
+            f"{'s' if r.emitted != 1 else ''} from one target pass**; {r.rolled_back} of {r.written_slots} "
+            f"KV slots written in the pass rolled back.")
+
+
+# ---- over steps ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SpecPoint:
+    step: int
+    rounds: int  # cumulative, from the "spec" totals
+    drafted: int
+    accepted: int
+    rejected_rounds: int
+    emitted: int
+    draft_seconds: float  # this step's
+    verify_seconds: float
+    target_passes: int  # cumulative decode passes per request (speculative rounds + plain decodes)
+    decode_tokens: int  # cumulative tokens emitted by those passes
+
+    @property
+    def alpha(self) -> float | None:
+        n = self.accepted + self.rejected_rounds
+        return self.accepted / n if n else None
+
+    @property
+    def accepted_fraction(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        return self.decode_tokens / self.target_passes if self.target_passes else None
+
+
+def spec_series(records: list[StepRecord]) -> list[SpecPoint]:
+    """Cumulative acceptance and tokens per target pass after every step. A target pass is one decode
+    entry of one request (a speculative round or a plain decode when no draft was found); its tokens
+    are what that request emitted in that step."""
+    out: list[SpecPoint] = []
+    passes = tokens = 0
+    for r in records:
+        spec = r.extra("spec")
+        decoding = {s.request_id for s in r.batch if s.phase == "decode"}
+        passes += len(decoding)
+        tokens += sum(1 for e in r.emitted if e.request_id in decoding)
+        t = spec["totals"] if spec else {}
+        out.append(SpecPoint(r.step, t.get("rounds", 0), t.get("drafted_tokens", 0), t.get("accepted_tokens", 0),
+                             t.get("rejected_rounds", 0), t.get("emitted_tokens", 0),
+                             spec["draft_seconds"] if spec else 0.0, spec["verify_seconds"] if spec else 0.0,
+                             passes, tokens))
+    return out
+
+
+def measured_c(records: list[StepRecord]) -> float | None:
+    """c = cost of one drafted token / cost of one target pass, from this run's own timings:
+    (sum draft_seconds / drafted tokens) / (sum verify_seconds / steps that verified). None before a round."""
+    draft = verify = 0.0
+    drafted = steps = 0
+    for r in records:
+        spec = r.extra("spec")
+        if not spec or not spec["rounds"]:
+            continue
+        draft += spec["draft_seconds"]
+        verify += spec["verify_seconds"]
+        drafted += sum(int(x["num_drafted"]) for x in spec["rounds"])
+        steps += 1
+    if not drafted or not steps or verify <= 0:
+        return None
+    return (draft / drafted) / (verify / steps)
+
+
+def current_gamma(records: list[StepRecord], default: int) -> int:
+    """The gamma the latest round asked for (capped by max_tokens at the end), else the engine default."""
+    for r in reversed(records):
+        rounds = step_rounds(r)
+        if rounds:
+            return max(int(x["gamma"]) for x in rounds)
+    return default
+
+
+# ---- the CPU benchmark ---------------------------------------------------------------------------
+
+def load_bench(path: Path = BENCH_PATH) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def bench_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Table rows of the benchmark, speculative configurations only, with friendly names."""
+    rows = []
+    for r in bench.get("rows", []):
+        if r["drafter"] == "plain":
+            continue
+        rows.append({"workload": r["workload"], "drafter": DRAFTER_LABELS.get(r["drafter"], r["drafter"]),
+                     "γ": r["gamma"], "α": r["alpha"], "tokens/pass measured": r["tokens_per_pass"],
+                     "tokens/pass predicted": r["predicted_tokens_per_pass"], "c": r["c"],
+                     "speedup measured": r["speedup"], "speedup predicted": r["predicted_speedup"],
+                     "predicted with measured v": r.get("predicted_speedup_v_adjusted"),
+                     "same tokens as plain": r["identical_to_plain"]})
+    return rows
+
+
+def bench_c(bench: dict[str, Any] | None, drafter: str) -> float | None:
+    """The benchmark's mean c for a drafter (over workloads and gammas)."""
+    if not bench:
+        return None
+    cs = [r["c"] for r in bench.get("rows", []) if r["drafter"] == drafter and "c" in r]
+    return sum(cs) / len(cs) if cs else None
+
+
+# ---- each drafter on the same scenario, measured -------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class DrafterRun:
+    drafter: str  # "plain" | "ngram" | "early_exit"
+    gamma: int
+    records: tuple[StepRecord, ...]
+    errors: tuple[SessionError, ...]
+    texts: tuple[tuple[str, str], ...]  # (request label, output text)
+
+    @property
+    def label(self) -> str:
+        return DRAFTER_LABELS[self.drafter] + (f", γ = {self.gamma}" if self.drafter != "plain" else "")
+
+    @property
+    def last(self) -> SpecPoint | None:
+        series = spec_series(list(self.records))
+        return series[-1] if series else None
+
+    @property
+    def alpha(self) -> float | None:
+        return self.last.alpha if self.last else None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        tp = self.last.tokens_per_pass if self.last else None
+        return tp if tp is not None else 1.0
+
+    @property
+    def decode_seconds_per_token(self) -> float | None:
+        """Wall time of decode-only steps over the tokens they emitted (prefill steps excluded: they are the
+        same for every drafter)."""
+        secs = toks = 0
+        for r in self.records:
+            if r.num_prefill_tokens == 0 and r.emitted:
+                secs += r.wall_seconds
+                toks += len(r.emitted)
+        return secs / toks if toks else None
+
+
+def compare_drafters(scenario: Scenario, weights: LoadedWeights, server: dict[str, str], max_steps: int = 400,
+                     on_progress: Callable[[int], None] | None = None) -> dict[str, DrafterRun]:
+    """The scenario with plain decoding, prompt lookup and early exit (its gamma and draft layers),
+    the engines stepping alternately so background load falls on all of them alike."""
+    cfg = scenario.engine_config()
+    gamma = cfg.spec_gamma or 4
+    variants = {"plain": scenario.with_engine(spec_drafter="none"),
+                "ngram": scenario.with_engine(spec_drafter="ngram", spec_gamma=gamma),
+                "early_exit": scenario.with_engine(spec_drafter="early_exit", spec_gamma=gamma)}
+    sessions = {k: EngineSession.create(sc, weights, server) for k, sc in variants.items()}
+    step_alternately(sessions, max_steps, on_progress)
+    out = {}
+    for k, s in sessions.items():
+        last = s.records[-1] if s.records else None
+        texts = tuple((q.request_id, q.text) for q in last.requests) if last else ()
+        out[k] = DrafterRun(k, 0 if k == "plain" else gamma, tuple(s.records), tuple(s.errors), texts)
+    return out
+
+
+def speedup_vs_plain(runs: dict[str, DrafterRun], key: str) -> float | None:
+    base, mine = runs["plain"].decode_seconds_per_token, runs[key].decode_seconds_per_token
+    return base / mine if base and mine else None

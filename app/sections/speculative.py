@@ -1,0 +1,250 @@
+"""Sections of the speculative decoding page (pages/07_speculative_decoding.py composes them)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.trace import StepRecord
+
+from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compare_drafters, current_gamma,
+                                      expected_tokens_per_pass, load_bench, measured_c, predicted_speedup,
+                                      round_sentence, spec_series, speedup_vs_plain, step_rounds, step_skipped)
+from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
+                                    round_figure, time_split_figure)
+from app.runtime import server_engine_settings, shared_weights
+from app.scenarios import RequestSpec
+from app.session import EngineSession
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
+from app.widgets.explain import explanation
+from app.widgets.request_editor import load_scenario
+from app.widgets.request_table import request_state_table
+
+SKIP_REASONS = {"no_match": "prompt lookup found no earlier occurrence of the last tokens",
+                "no_free_blocks": "no KV room for a draft", "token_budget": "the step's token budget ran out"}
+
+
+def speculative_explanation() -> None:
+    explanation(
+        "Speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
+        [r"\text{keep draft } x_i \sim q \ \text{ iff }\ u_i < \min\!\Big(1, \tfrac{p(x_i)}{q(x_i)}\Big),"
+         r"\quad u_i \sim U[0, 1)",
+         r"\text{first rejection: } x \sim \frac{\max(0,\ p - q)}{\sum_x \max(0,\ p(x) - q(x))}",
+         r"\text{all kept: a bonus token } x \sim p \text{ from the last row}",
+         r"\mathbb{E}[\text{tokens per target pass}] = \frac{1 - \alpha^{\gamma + 1}}{1 - \alpha}",
+         r"\text{speedup} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)},\quad "
+         r"c = \frac{\text{cost of one draft}}{\text{cost of one target pass}}"],
+        ["A cheap **drafter** proposes γ tokens; the **target** scores all of them in **one** pass (1 + γ rows "
+         "instead of 1). Decode is memory-bound, so that pass costs about as much as a normal one.",
+         "Drafts are checked left to right: **green** kept, the first **red** one rejected and replaced "
+         "(orange), the rest **grey** (never checked). If all survive, the last row gives a **bonus** token "
+         "(blue): a round always emits at least one token, at most γ + 1.",
+         "The rule keeps the output distributed **exactly** as the target's p: greedy runs emit the very "
+         "tokens plain greedy decoding emits (the comparison below checks it).",
+         "The KV slots of rejected drafts were written by the verification pass and are **rolled back** (✕).",
+         "**Prompt lookup** (n-gram) copies what followed the last few tokens earlier in the text: c ≈ 0, "
+         "α high when the answer repeats the prompt (copy-edit, summarise), near useless in open chat. "
+         "**Early exit** (the target's first layers) costs c ≈ ½ here and agrees rarely on a 135M model."],
+        note="α is measured like the benchmark: accepted / (accepted + rejections), the per-draft acceptance "
+             "probability of the i.i.d. model.",
+    )
+
+
+# ---- controls ------------------------------------------------------------------------------------
+
+def spec_controls(session: EngineSession, page: str) -> None:
+    """Drafter, γ, draft layers and greedy/sampled for every request, applied by restarting the engine."""
+    cfg = session.scenario.engine_config()
+    temps = {r.temperature for r in session.scenario.requests}
+    with st.form(key=f"{page}-spec-form", border=True):
+        c = st.columns([1.6, 1.3, 1.2, 1.9, 1.3], vertical_alignment="bottom")
+        drafters = ["ngram", "early_exit", "none"]
+        drafter = c[0].selectbox("Drafter", drafters, index=drafters.index(cfg.spec_drafter),
+                                 format_func=lambda d: DRAFTER_LABELS[d] if d != "none" else "none (plain decoding)",
+                                 key=f"{page}-spec-drafter")
+        gamma = c[1].slider("γ (drafts per round)", 1, 8, max(1, min(cfg.spec_gamma, 8)), key=f"{page}-spec-gamma")
+        layers = c[2].number_input("Early-exit layers (of 30)", 1, 29, min(cfg.spec_draft_layers, 29),
+                                   key=f"{page}-spec-layers")
+        modes = ["greedy", "sampled, T = 0.7", "sampled, T = 1.0", "as in the scenario"]
+        mode = c[3].selectbox("Decoding (all requests)", modes, index=3 if len(temps) > 1 else
+                              (0 if temps == {0.0} else 3), key=f"{page}-spec-mode")
+        applied = c[4].form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
+    if applied:
+        scenario = session.scenario.with_engine(spec_drafter=drafter, spec_gamma=int(gamma),
+                                                spec_draft_layers=int(layers))
+        if mode != "as in the scenario":
+            t = 0.0 if mode == "greedy" else float(mode.split("= ")[1])
+            scenario = scenario.with_requests([RequestSpec(**{**r.to_dict(), "stop": tuple(r.stop), "temperature": t,
+                                                              "seed": r.seed if r.seed is not None or t == 0 else i})
+                                               for i, r in enumerate(scenario.requests)])
+        if load_scenario(session, page, scenario):
+            st.rerun()
+
+
+# ---- the selected step -----------------------------------------------------------------------------
+
+def step_section(session: EngineSession, record: StepRecord, history: list[StepRecord], page: str) -> None:
+    cfg = session.engine.config if session.engine else session.scenario.engine_config()
+    series = spec_series(history)
+    last = series[-1] if series else None
+    rounds = step_rounds(record)
+    m = st.columns(5)
+    short = {"ngram": "n-gram", "early_exit": "early exit", "none": "none"}
+    m[0].metric("Drafter", f"{short.get(cfg.spec_drafter, cfg.spec_drafter)}, γ {cfg.spec_gamma}",
+                help=f"γ = {cfg.spec_gamma}" + (f", {cfg.spec_draft_layers} of 30 layers"
+                                                 if cfg.spec_drafter == "early_exit" else ""))
+    m[1].metric("α so far", f"{last.alpha:.2f}" if last and last.alpha is not None else "–",
+                help=f"accepted {last.accepted} / (accepted + {last.rejected_rounds} rejections); "
+                     f"{last.drafted} drafted" if last else None)
+    m[2].metric("Tokens per target pass", f"{last.tokens_per_pass:.2f}" if last and last.tokens_per_pass else "–",
+                help="decode tokens emitted / decode passes per request (plain decoding: 1.00)")
+    tot_d = sum(p.draft_seconds for p in series)
+    tot_v = sum(p.verify_seconds for p in series)
+    m[3].metric("Draft / verify time", f"{tot_d * 1e3:.0f} / {tot_v * 1e3:.0f} ms",
+                help="summed over the steps so far")
+    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}",
+                help=f"tokens emitted / speculative rounds verified; wall {record.wall_seconds * 1e3:.0f} ms")
+    if cfg.spec_drafter == "none":
+        st.info("Plain decoding (no drafter): pick a drafter above to see verification rounds.",
+                icon=":material/info:")
+    notes = [f":material/block: **{s['request_id']}** decoded plainly (γ {s['gamma']}): "
+             f"{SKIP_REASONS.get(s['reason'], s['reason'])}" for s in step_skipped(record)]
+    prefill = [s.request_id for s in record.batch if s.phase == "prefill"]
+    if prefill:
+        notes.append(f":material/input: prefill this step (no drafts yet): {', '.join(prefill)}")
+    if notes:
+        st.markdown(" · ".join(notes))
+    shown_step = record.step
+    if not rounds:  # show the latest round before this step, saying so
+        for earlier in reversed(history[:-1]):
+            rounds = step_rounds(earlier)
+            if rounds:
+                shown_step = earlier.step
+                st.caption(f"No verification round in step {record.step}; below is the latest one, from step "
+                           f"{shown_step}.")
+                break
+    if rounds:
+        ids = [r.request_id for r in rounds]
+        key = f"{page}-round-pick"
+        if len(ids) > 1:
+            if st.session_state.get(key) not in ids:
+                st.session_state[key] = ids[0]
+            st.radio("Round of request", ids, horizontal=True, key=key)
+            chosen = next(r for r in rounds if r.request_id == st.session_state[key])
+        else:
+            chosen = rounds[0]
+        st.markdown(round_sentence(chosen))
+        show_figure(round_figure(chosen, f"Step {shown_step} · {chosen.request_id}: the verification round at "
+                                         f"position {chosen['position']} ({chosen['mode']})"),
+                    key=f"{page}-round", height=520)
+    else:
+        st.caption("No verification round yet: step on (or scrub forward) to a decode step.")
+    left, right = st.columns([1.3, 1])
+    with left:
+        show_figure(acceptance_figure(series, record.step), key=f"{page}-acceptance", height=380, export_width=850)
+    with right:
+        show_figure(time_split_figure(series, record.step), key=f"{page}-times", height=380, export_width=700)
+    with st.expander("Requests at this step", expanded=False):
+        request_state_table(record)
+
+
+def closed_form_section(session: EngineSession, history: list[StepRecord], page: str) -> None:
+    st.subheader("The closed form vs this run")
+    cfg = session.engine.config if session.engine else session.scenario.engine_config()
+    series = spec_series(history)
+    last = series[-1] if series else None
+    alpha = last.alpha if last and last.alpha is not None else None
+    bench = load_bench()
+    c_live = measured_c(history)
+    c_bench = bench_c(bench, cfg.spec_drafter)
+    options = [o for o, v in (("measured in this run", c_live), ("from the benchmark", c_bench)) if v is not None]
+    gamma = current_gamma(history, cfg.spec_gamma)
+    left, right = st.columns([1, 2.6], vertical_alignment="top")
+    with left:
+        alpha_src = "measured"
+        if alpha is None:
+            alpha_src = "assumed (no round yet)"
+            alpha = 0.7
+        alpha = st.slider("α (override to explore)", 0.0, 0.99, float(round(min(alpha, 0.99), 2)), 0.01,
+                          key=f"{page}-alpha-{round(alpha, 2)}",
+                          help=f"starts at the {alpha_src} α of this run up to the selected step")
+        if options:
+            src = st.radio("c (draft cost / target pass cost)", options, key=f"{page}-c-src")
+            c = c_live if src == "measured in this run" and c_live is not None else (c_bench or 0.0)
+        else:
+            src, c = "assumed", 0.0
+        st.markdown(f"**c = {c:.3g}** ({src})  \n"
+                    f"c this run: {'–' if c_live is None else f'{c_live:.3g}'} · "
+                    f"benchmark mean for {DRAFTER_LABELS.get(cfg.spec_drafter, 'this drafter')}: "
+                    f"{'–' if c_bench is None else f'{c_bench:.3g}'}")
+        st.caption("This run's c = (draft seconds / drafted tokens) / (verify seconds / verifying steps). "
+                   "The verify time here includes the 1 + γ rows of the pass, so it is a little above a plain "
+                   "decode pass (the benchmark's v).")
+        st.metric(f"Predicted at γ = {gamma}", f"{expected_tokens_per_pass(alpha, gamma):.2f} tok/pass",
+                  delta=f"{predicted_speedup(alpha, gamma, c):.2f}× speedup", delta_color="off")
+    with right:
+        stored = page_cache(page).get("compare")
+        measured_sp = None
+        if stored and stored[0] == session.scenario.to_json() and cfg.spec_drafter in stored[1]:
+            measured_sp = speedup_vs_plain(stored[1], cfg.spec_drafter)
+        show_figure(closed_form_figure(alpha, gamma, c, last.tokens_per_pass if last and last.rounds else None,
+                                       measured_sp), key=f"{page}-closed-form", height=430, export_width=1000)
+    st.caption("The measured tokens per pass (◆) sits below the curve when lookup found no match (plain "
+               "passes of 1 token) or when α is not the same for every draft; the measured speedup (◇, from the "
+               "drafter comparison below) sits below the predicted one because the verification pass is not free.")
+
+
+def bench_section() -> None:
+    bench = load_bench()
+    with st.expander(":material/table_chart: The CPU benchmark: bench/results/spec_cpu.json (measured vs predicted)",
+                     expanded=True):
+        if not bench:
+            st.caption("No benchmark file: run `OMP_NUM_THREADS=1 python bench/spec.py --repeats 2`.")
+            return
+        st.caption(f"`{bench.get('command', 'bench/spec.py')}` · {bench.get('model')} on {bench.get('device')}, "
+                   f"{bench.get('threads')} thread(s), {bench.get('max_tokens')} new tokens per prompt, greedy, "
+                   f"batch 1, early exit = first {bench.get('draft_layers')} of 30 layers. c measured per drafted "
+                   "token; v = verification pass / plain pass.")
+        show_figure(bench_figure(bench), key="spec-bench", height=420)
+        df = pd.DataFrame(bench_rows(bench))
+        st.dataframe(df, hide_index=True, width="stretch", column_config={
+            c: st.column_config.NumberColumn(c, format="%.2f") for c in
+            ("α", "tokens/pass measured", "tokens/pass predicted", "speedup measured", "speedup predicted",
+             "predicted with measured v")} | {"c": st.column_config.NumberColumn("c", format="%.4f")})
+
+
+def compare_section(session: EngineSession, page: str) -> None:
+    st.subheader("Drafters compared on the same requests")
+    cfg = session.scenario.engine_config()
+    st.markdown(f"Three fresh engines run this scenario to the end: **plain decoding**, **prompt lookup** and "
+                f"**early exit** ({cfg.spec_draft_layers} layers), both with γ = {cfg.spec_gamma or 4}. Load the "
+                "*copy-edit* scenario and then the *open chat* one to see where n-gram lookup shines and where "
+                "it does not.")
+    runs = comparison_runner(
+        session, page, button_label="Run all three", button_key="spec-compare",
+        progress_text="Running plain, prompt lookup and early exit…", step_text="Running all three… round {n}",
+        expected_steps=50, hint="Press **Run all three** (three runs of the scenario; about 30–90 s on the CPU).",
+        run=lambda on_progress: compare_drafters(session.scenario, shared_weights(), server_engine_settings(),
+                                                 on_progress=on_progress),
+        errors_of=lambda runs: (f"{r.label}: {e.message}" for r in runs.values() for e in r.errors))
+    if runs is None:
+        return
+    m = st.columns(len(runs))
+    plain_texts = dict(runs["plain"].texts)
+    for col, (k, r) in zip(m, runs.items()):
+        sp = speedup_vs_plain(runs, k)
+        same = dict(r.texts) == plain_texts
+        col.metric(r.label, f"{sp:.2f}×" if sp else "–",
+                   delta=None if k == "plain" else f"α {r.alpha:.2f} · {r.tokens_per_pass:.2f} tok/pass"
+                   if r.alpha is not None else f"{r.tokens_per_pass:.2f} tok/pass", delta_color="off",
+                   help=f"decode time per token {r.decode_seconds_per_token * 1e3:.0f} ms; "
+                        f"{len(r.records)} steps" if r.decode_seconds_per_token else None)
+        if k != "plain":
+            greedy = all(s.temperature == 0 for s in session.scenario.requests)
+            col.caption(("same text as plain decoding ✓" if same else "text differs from plain")
+                        + ("" if greedy else " (sampled: the same distribution, not the same draws)"))
+    show_figure(compare_figure(runs), key="spec-compare-bars", height=380)
+    st.caption("Speedup = plain's decode time per token / this run's (steps with a prefill left out: they are "
+               "the same for all three). The engines step alternately, so background load on a shared CPU falls "
+               "on all of them; single runs are still noisy.")

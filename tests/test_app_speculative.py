@@ -1,0 +1,193 @@
+"""The speculative decoding page under AppTest (load, step, scrub back, controls, drafter comparison),
+and the record-only analysis behind it (rounds, rollback, acceptance series, closed form, benchmark).
+
+Random weights keep most tests independent of the GGUF; one test uses the real model, where prompt
+lookup must really accept drafts on the copy-edit scenario.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.analysis.speculative import (bench_rows, compare_drafters, expected_tokens_per_pass, load_bench, measured_c,
+                                      predicted_speedup, round_sentence, spec_series, speedup_vs_plain, step_rounds)
+from app.charts.speculative import bench_figure, closed_form_figure, compare_figure, round_figure
+from app.registry import PAGES
+from app.scenario_library import SPECULATIVE
+from app.scenarios import ScenarioError, scenario_from_dict, scenario_from_json
+from app.session import EngineSession
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "main.py"
+PAGE_FILE = "07_speculative_decoding.py"
+TIMEOUT = 600
+SERVER = {"device": "cpu", "dtype": "float32", "weights": "random"}
+
+pytestmark = pytest.mark.slow
+
+
+def open_page(at: AppTest) -> AppTest:
+    at.run()
+    at.switch_page(f"../pages/{PAGE_FILE}").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture()
+def random_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
+    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+
+
+# ---- scenarios and the closed form ---------------------------------------------------------------
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.title == "Speculative decoding")
+    assert spec.available and spec.url_path == "speculative-decoding"
+
+
+@pytest.mark.parametrize("scenario", SPECULATIVE, ids=lambda s: s.name)
+def test_scenarios_round_trip(scenario) -> None:  # noqa: ANN001
+    assert scenario_from_json(scenario.to_json()) == scenario
+    assert scenario.engine_config(**SERVER).spec_drafter in ("ngram", "early_exit")
+
+
+def test_scenario_engine_spec_fields_are_checked() -> None:
+    ok = {"requests": [{"prompt": "hi"}], "engine": {"spec_drafter": "ngram", "spec_gamma": 3}}
+    assert scenario_from_dict(ok).engine_config().spec_gamma == 3
+    with pytest.raises(ScenarioError, match="spec_drafter"):
+        scenario_from_dict({"requests": [{"prompt": "hi"}], "engine": {"spec_drafter": "medusa"}})
+    with pytest.raises(ScenarioError, match="spec_gamma"):
+        scenario_from_dict({"requests": [{"prompt": "hi"}], "engine": {"spec_gamma": 99}})
+
+
+def test_closed_form() -> None:
+    assert expected_tokens_per_pass(0.0, 4) == 1.0
+    assert expected_tokens_per_pass(1.0, 4) == 5.0
+    assert expected_tokens_per_pass(0.5, 2) == pytest.approx(1.75)
+    assert predicted_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
+    assert predicted_speedup(0.8, 4, 0.5) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 3))
+
+
+def test_bench_file_matches_its_own_closed_form() -> None:
+    bench = load_bench()
+    assert bench is not None
+    rows = bench_rows(bench)
+    assert {r["workload"] for r in rows} == {"copy", "chat"}
+    for raw in bench["rows"]:
+        if raw["drafter"] != "plain":
+            predicted = expected_tokens_per_pass(raw["alpha"], raw["gamma"])
+            assert raw["predicted_tokens_per_pass"] == pytest.approx(predicted)
+    fig = bench_figure(bench)
+    assert len(fig.data) == 8  # 2 workloads x 2 drafters x (measured, predicted)
+    assert len(closed_form_figure(0.8, 4, 0.1, 3.0, 2.0).data) >= 6
+
+
+# ---- records only --------------------------------------------------------------------------------
+
+def test_rounds_rollback_and_series(random_weights) -> None:  # noqa: ANN001
+    # Random weights repeat themselves, so prompt lookup finds matches; greedy keeps every check exact.
+    s = EngineSession.create(SPECULATIVE[0].with_engine(spec_drafter="early_exit", spec_gamma=3, spec_draft_layers=4),
+                             random_weights, SERVER)
+    s.run(400)
+    assert not s.errors, s.errors
+    rounds = [r for rec in s.records for r in step_rounds(rec)]
+    assert rounds
+    for r in rounds:
+        n = int(r["num_accepted"])
+        assert r.written_slots == 1 + r.g and r.rolled_back == r.g - n and 1 <= r.emitted <= r.g + 1
+        assert all(0 <= x <= 1 for x in r.ratios)
+        assert r["verdicts"][:n] == ["accepted"] * n
+        assert ("**" + r.request_id) in round_sentence(r)
+        fig = round_figure(r)
+        assert len(fig.data) >= 2
+    series = spec_series(s.records)
+    last = series[-1]
+    assert last.rounds == len(rounds) and last.drafted == sum(r.g for r in rounds)
+    assert last.tokens_per_pass is not None and last.tokens_per_pass >= 1.0
+    assert measured_c(s.records) is not None
+
+
+def test_compare_drafters_greedy_matches_plain(random_weights) -> None:  # noqa: ANN001
+    scenario = SPECULATIVE[0].with_requests([SPECULATIVE[0].requests[0].__class__(
+        SPECULATIVE[0].requests[0].prompt, max_tokens=12, ignore_eos=True, request_id="copy")]).with_engine(
+        spec_draft_layers=4)
+    runs = compare_drafters(scenario, random_weights, SERVER)
+    assert set(runs) == {"plain", "ngram", "early_exit"}
+    assert all(not r.errors for r in runs.values())
+    plain = dict(runs["plain"].texts)
+    for k in ("ngram", "early_exit"):
+        assert dict(runs[k].texts) == plain  # greedy speculation emits exactly plain greedy's tokens
+    assert speedup_vs_plain(runs, "plain") == pytest.approx(1.0)
+    assert runs["plain"].tokens_per_pass == pytest.approx(1.0)
+    assert len(compare_figure(runs).data) == 3
+
+
+# ---- the page ------------------------------------------------------------------------------------
+
+def test_page_steps_scrubs_controls_and_compares(random_app: AppTest) -> None:
+    at = open_page(random_app)
+    assert_clean(at)
+    for _ in range(5):
+        at.button(key="spec-btn-step").click().run()
+        assert_clean(at)
+    session = at.session_state["engine-session:spec"]
+    assert [r.step for r in session.records] == [0, 1, 2, 3, 4]
+    assert len(at.get("plotly_chart")) >= 4
+    assert any(m.label == "α so far" for m in at.metric)
+    # Scrub back to the prefill step (no round) and forward again: redrawn from records, nothing re-runs.
+    at.slider(key="spec-scrub").set_value(0).run()
+    assert_clean(at)
+    at.slider(key="spec-scrub").set_value(3).run()
+    assert_clean(at)
+    assert len(session.records) == 5
+    # Controls: early exit, γ 2, sampled at T = 1.0, applied through a restart.
+    at.selectbox(key="spec-spec-drafter").set_value("early_exit")
+    at.slider(key="spec-spec-gamma").set_value(2)
+    at.number_input(key="spec-spec-layers").set_value(4)
+    at.selectbox(key="spec-spec-mode").set_value("sampled, T = 1.0")
+    at.button(key="FormSubmitter:spec-spec-form-Apply and restart").click().run()
+    assert_clean(at)
+    session = at.session_state["engine-session:spec"]
+    assert session.engine.config.spec_drafter == "early_exit" and session.engine.config.spec_gamma == 2
+    assert all(r.temperature == 1.0 for r in session.scenario.requests)
+    for _ in range(3):
+        at.button(key="spec-btn-step").click().run()
+        assert_clean(at)
+    rounds = [r for rec in session.records for r in step_rounds(rec)]
+    assert rounds and all(r["mode"] == "sampled" for r in rounds)
+    assert rounds[0]["uniforms"][0] is not None
+    # Another scenario from the library, then the three-way comparison on a short version of it.
+    at.selectbox(key="spec-pick").set_value(SPECULATIVE[1].name).run()
+    assert_clean(at)
+    at.button(key="spec-btn-end").click().run()
+    assert_clean(at)
+    at.button(key="spec-compare").click().run()
+    assert_clean(at)
+    assert any(m.label.startswith("plain decoding") for m in at.metric)
+
+
+def test_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "real")
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
+    at = open_page(AppTest.from_file(str(MAIN), default_timeout=TIMEOUT))
+    assert "SmolLM2-135M-Instruct" in " ".join(c.value for c in at.caption)
+    for _ in range(8):
+        at.button(key="spec-btn-step").click().run()
+    assert_clean(at)
+    session = at.session_state["engine-session:spec"]
+    assert len(session.records) == 8
+    totals = session.records[-1].extra("spec")["totals"]
+    # The copy-edit prompt: the answer repeats the paragraph, so lookup's drafts are mostly accepted.
+    assert totals["accepted_tokens"] >= 8 and spec_series(session.records)[-1].tokens_per_pass > 1.5
+    at.slider(key="spec-scrub").set_value(1).run()  # step 1: the first decode, a lookup round
+    assert_clean(at)
+    assert any("from one target pass" in m.value for m in at.markdown)

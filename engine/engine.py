@@ -351,7 +351,7 @@ class LLMEngine:
         return RequestState(seq.label, status, seq.prompt_len, seq.output_len, seq.num_computed_tokens,
                             seq.arrival_step, seq.first_token_step, seq.finish_step, seq.num_preemptions,
                             seq.finish_reason, ttft, tpot,
-                            self.tokenizer.decode(seq.output_ids) if seq.output_len else "")
+                            self._text(seq) if seq.output_len else "")
 
     def pool_summary(self) -> PoolSummary:
         bm, bs = self.block_manager, self.config.block_size

@@ -4,7 +4,7 @@ Both are credited only with the tokens each request asked for; HF's padded batch
 past a request's own limit until the longest in its batch is done, which is the waste continuous
 batching removes. Prints a table and writes JSON.
 
-    python bench/throughput.py                                   # CPU, real model, 16 requests
+    python bench/throughput.py --concurrency 16,8,4              # CPU, real model, 16 requests
     python bench/throughput.py --device cuda --weights random --num-requests 256 --batch1
 """
 from __future__ import annotations
@@ -32,13 +32,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str) -> dict:
+def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str,
+               max_seqs: int | None = None) -> dict:
     max_len = max(len(r.prompt_ids) + r.max_tokens for r in reqs)
     max_len = 1 << (max_len - 1).bit_length()
     tokens_needed = sum(len(r.prompt_ids) + r.max_tokens for r in reqs)
     cfg = EngineConfig(
         device=args.device, dtype=args.dtype, weights=args.weights, cuda_graphs=cuda_graphs,
-        num_blocks=-(-tokens_needed // 16) + len(reqs) + 8, block_size=16, max_num_seqs=max(len(reqs), 1),
+        num_blocks=-(-tokens_needed // 16) + len(reqs) + 8, block_size=16, max_num_seqs=max_seqs or len(reqs),
         max_num_batched_tokens=args.budget, max_model_len=max_len, profile_kernels=False, trace_detail="light",
     )
     engine = LLMEngine(cfg, weights)
@@ -100,7 +101,9 @@ def main() -> None:
     ap.add_argument("--weights", default="real", choices=["real", "random"])
     ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     ap.add_argument("--num-requests", type=int, default=16)
-    ap.add_argument("--hf-batch", type=int, default=0, help="HF static batch size (default: all at once)")
+    ap.add_argument("--concurrency", default="",
+                    help="comma-separated caps on requests in flight, applied to both systems (HF: static batch "
+                         "size; engine: max_num_seqs). Default: all requests at once")
     ap.add_argument("--budget", type=int, default=0, help="engine token budget per step (default 512 CPU / 8192 GPU)")
     ap.add_argument("--batch1", action="store_true", help="also measure one request alone (decode speed)")
     ap.add_argument("--batch1-tokens", type=int, default=256)
@@ -121,13 +124,16 @@ def main() -> None:
         if not args.no_hf:
             hf_one = [BenchRequest(one[0].prompt_ids, min(args.batch1_tokens, 64))]
             rows.append(dict(run_hf(weights, hf_one, args, 1, "HF generate batch 1"), workload="batch 1"))
-    wl = f"{len(reqs)} mixed requests"
-    if cuda:
-        rows.append(dict(run_engine(weights, reqs, args, True, "engine (continuous, CUDA graphs)"), workload=wl))
-    rows.append(dict(run_engine(weights, reqs, args, False, "engine (continuous, eager)"), workload=wl))
-    if not args.no_hf:
-        bs = args.hf_batch or len(reqs)
-        rows.append(dict(run_hf(weights, reqs, args, bs, f"HF generate (padded static batches of {bs})"), workload=wl))
+    caps = [int(c) for c in args.concurrency.split(",") if c] or [len(reqs)]
+    for cap in caps:
+        # Same concurrency for both: a static batch of `cap`, or at most `cap` sequences running.
+        wl = f"{len(reqs)} mixed, <= {cap} at once"
+        if cuda:
+            rows.append(dict(run_engine(weights, reqs, args, True, "engine (continuous, CUDA graphs)", cap), workload=wl))
+        rows.append(dict(run_engine(weights, reqs, args, False, "engine (continuous, eager)", cap), workload=wl))
+        if not args.no_hf:
+            rows.append(dict(run_hf(weights, reqs, args, cap, f"HF generate (padded static batches of {cap})"),
+                             workload=wl))
     base = {r["workload"]: r["tok_per_s"] for r in rows if r["system"].startswith("HF")}
     print(f"\ndevice={args.device} ({torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'}) "
           f"weights={args.weights} dtype={args.dtype} torch={torch.__version__}")

@@ -6,7 +6,6 @@ keeps the records.
 from __future__ import annotations
 
 import itertools
-import resource
 import time
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from engine.sampler import sample_next
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SeqStatus
+from engine.pool_view import light_pool_summary, memory_split, pool_summary
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
                           ScheduledSeq, StepRecord)
 from engine.weights import LoadedWeights, load_weights
@@ -354,52 +354,14 @@ class LLMEngine:
                             self._text(seq) if seq.output_len else "")
 
     def pool_summary(self) -> PoolSummary:
-        bm, bs = self.block_manager, self.config.block_size
-        fill = [0] * bm.num_blocks
-        owners: list[set[str]] = [set() for _ in range(bm.num_blocks)]
-        label = {s.seq_id: s.label for s in self.sequences}
-        for sid, table in bm.tables.items():
-            for b, f in zip(table, bm.block_fills(sid)):
-                fill[b] = max(fill[b], f)
-                owners[b].add(label.get(sid, str(sid)))
-        cache_refs = self.scheduler.prefix_cache.block_refs() if self.scheduler.prefix_cache else {}
-        for b in cache_refs:
-            fill[b] = bs
-        used = [b for b in range(bm.num_blocks) if bm.ref_counts[b] > 0]
-        allocated = len(used) * bs
-        filled = sum(fill[b] for b in used)
-        live = [s for s in self.scheduler.running if s.seq_id in bm.tables]
-        reserved = len(live) * self.config.max_model_len
-        live_tokens = sum(bm.num_tokens[s.seq_id] for s in live)
-
-        def owner(b: int) -> str:
-            if not owners[b]:
-                return "cache" if b in cache_refs else ""
-            return next(iter(owners[b])) if len(owners[b]) == 1 else "shared"
-
-        return PoolSummary(
-            num_blocks=bm.num_blocks, block_size=bs, used_blocks=len(used), free_blocks=bm.num_free_blocks,
-            cached_blocks=sum(1 for b in used if not owners[b]), allocated_tokens=allocated,
-            filled_tokens=filled, internal_waste_tokens=allocated - filled,
-            contiguous_reserved_tokens=reserved, contiguous_waste_tokens=reserved - live_tokens,
-            ref_counts=tuple(bm.ref_counts), owners=tuple(owner(b) for b in range(bm.num_blocks)),
-            free_list=bm.free_list,
-        )
+        return pool_summary(self.block_manager, self.config, self.sequences, self.scheduler.running,
+                            self.scheduler.prefix_cache)
 
     def _light_pool_summary(self) -> PoolSummary:
-        bm, bs = self.block_manager, self.config.block_size
-        used = bm.num_used_blocks
-        filled = sum(bm.num_tokens.values())
-        return PoolSummary(bm.num_blocks, bs, used, bm.num_free_blocks, 0, used * bs, filled,
-                           used * bs - filled, 0, 0, (), ())
+        return light_pool_summary(self.block_manager)
 
     def memory_split(self) -> MemorySplit:
-        w, kv = self.model.weight_bytes, self.pool.nbytes
-        if self.device.type == "cuda":
-            other = max(torch.cuda.max_memory_allocated(self.device) - w - kv, 0)
-        else:
-            other = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - w - kv, 0)
-        return MemorySplit(w, kv, int(other))
+        return memory_split(self.model.weight_bytes, self.pool.nbytes, self.device)
 
     # ---- scripts ----------------------------------------------------------------------------------
     def generate(self, prompts: list[Prompt] | Prompt, params: SamplingParams | list[SamplingParams] = SamplingParams(),

@@ -1,10 +1,13 @@
 """Shared fixtures: weights are loaded once per session and reused by every test module."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from engine.weights import LoadedWeights, cache_dir, find_gguf, load_weights
+from engine.tokenizer import default_tokenizer
+from engine.weights import LoadedWeights, cache_dir, default_config, find_gguf, load_weights, random_state_dict
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,3 +32,24 @@ def real_weights() -> LoadedWeights:
 def random_weights() -> LoadedWeights:
     """Random weights of the same architecture (seed 0), fp32 on the CPU. Needs no model file."""
     return load_weights("random", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_weights() -> LoadedWeights:
+    """A 2-layer, hidden-64 random Llama with the real tokenizer, weights scaled x10 so greedy tokens
+    depend on the context: runs the real scheduler, pool and attention code in milliseconds."""
+    tok = default_tokenizer()
+    cfg = dataclasses.replace(default_config(tok), hidden_size=64, intermediate_size=128, num_layers=2,
+                              num_heads=4, num_kv_heads=2, head_dim=16, name="tiny-random")
+    sd = {k: v if k.endswith("norm.weight") else v * 10 for k, v in random_state_dict(cfg, seed=0).items()}
+    return LoadedWeights(cfg, sd, "tiny random Llama (tests)", tok)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread: on a shared 2-core box two threads oversubscribe and a step gets 5-10x
+    slower (measured: real model 0.5 s/step with one thread, 3.5 s with two, under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

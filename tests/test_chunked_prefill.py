@@ -11,7 +11,6 @@ manager, KV pool and attention paths, so hundreds of steps take seconds.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -21,28 +20,14 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import default_tokenizer
 from engine.trace import StepRecord
-from engine.weights import LoadedWeights, default_config, random_state_dict
+from engine.weights import LoadedWeights
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core box two threads oversubscribe and a step gets 5-10x
-    slower (measured: real model 0.5 s/step with one thread, 3.5 s with two, under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
+    """One torch thread for this module (see conftest.one_torch_thread)."""
     yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_weights() -> LoadedWeights:
-    tok = default_tokenizer()
-    cfg = dataclasses.replace(default_config(tok), hidden_size=64, intermediate_size=128, num_layers=2,
-                              num_heads=4, num_kv_heads=2, head_dim=16, name="tiny-random")
-    sd = {k: v if k.endswith("norm.weight") else v * 10 for k, v in random_state_dict(cfg, seed=0).items()}
-    return LoadedWeights(cfg, sd, "tiny random Llama (tests)", tok)
 
 
 def _run(engine: LLMEngine, requests, ignore_eos: bool = True) -> tuple[list[list[int]], list[StepRecord]]:

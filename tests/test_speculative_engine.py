@@ -7,7 +7,6 @@ KV pool and attention paths, where a step costs milliseconds.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -23,9 +22,7 @@ from engine.forward_batch import build_forward_batch
 from engine.sampler import filtered_probs
 from engine.sampling_params import SamplingParams
 from engine.speculative import DraftProposal, Drafter
-from engine.tokenizer import default_tokenizer
 from engine.trace import StepRecord, load_trace, save_trace
-from engine.weights import LoadedWeights, default_config, random_state_dict
 
 torch.set_num_threads(1)
 
@@ -198,15 +195,6 @@ def test_sampled_tokens_follow_the_target_distribution(real_weights):
 
 
 # ---- mechanisms on a tiny random model --------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_weights() -> LoadedWeights:
-    tok = default_tokenizer()
-    cfg = dataclasses.replace(default_config(tok), hidden_size=64, intermediate_size=128, num_layers=2,
-                              num_heads=4, num_kv_heads=2, head_dim=16, name="tiny-random")
-    sd = {k: v if k.endswith("norm.weight") else v * 10 for k, v in random_state_dict(cfg, seed=0).items()}
-    return LoadedWeights(cfg, sd, "tiny random Llama (tests)", tok)
-
-
 class OracleDrafter(Drafter):
     """Test-only: proposes the true greedy continuation (from a plain run), corrupting some tokens and
     cutting some proposals short, so accepts, rejections at every position, bonus tokens and trimmed

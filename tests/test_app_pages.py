@@ -5,41 +5,19 @@ tests independent of the GGUF; one test drives the real SmolLM2 weights.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.registry import available_pages
+from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
-MAIN = ROOT / "app" / "main.py"
-TIMEOUT = 600  # seconds per script run: a step is 0.1-0.3 s on an idle 2-core CPU, far more when shared
 
 ENGINE_PAGES = {  # page file -> the page's session key prefix (PAGE in the file)
     "01_kv_cache.py": "kv",
     "03_paged_attention.py": "paged",
     "04_continuous_batching.py": "cb",
 }
-
-
-@pytest.fixture()
-def random_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
-    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
-    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
-
-
-def open_page(at: AppTest, page_file: str) -> AppTest:
-    at.run()
-    at.switch_page(f"../pages/{page_file}").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def session_of(at: AppTest, prefix: str):  # noqa: ANN201
@@ -156,7 +134,7 @@ def test_kv_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPat
     """The real SmolLM2: two steps on the KV cache page produce real text and a growing cache."""
     monkeypatch.setenv("INFERSCOPE_WEIGHTS", "real")
     monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    at = open_page(AppTest.from_file(str(MAIN), default_timeout=TIMEOUT), "01_kv_cache.py")
+    at = open_page(new_app(), "01_kv_cache.py")
     assert "SmolLM2-135M-Instruct" in " ".join(c.value for c in at.caption)
     at.button(key="kv-btn-step").click().run()
     at.button(key="kv-btn-step").click().run()

@@ -5,8 +5,6 @@ Random weights keep the page tests independent of the GGUF; one test per page us
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -16,32 +14,11 @@ from app.charts.radix_tree import radix_tree_figure
 from app.scenario_library import CHUNKED_PREFILL, RADIX_PREFIX_CACHE, chatml
 from app.scenarios import scenario_from_json
 from app.session import EngineSession
+from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
-MAIN = ROOT / "app" / "main.py"
-TIMEOUT = 600
 SERVER = {"device": "cpu", "dtype": "float32", "weights": "random"}
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture()
-def random_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
-    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
-    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
-
-
-def open_page(at: AppTest, page_file: str) -> AppTest:
-    at.run()
-    at.switch_page(f"../pages/{page_file}").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def _scenario_index(library, name: str) -> int:  # noqa: ANN001
@@ -220,7 +197,7 @@ def test_pages_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPatch
                                    prefix: str) -> None:
     monkeypatch.setenv("INFERSCOPE_WEIGHTS", "real")
     monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    at = open_page(AppTest.from_file(str(MAIN), default_timeout=TIMEOUT), page_file)
+    at = open_page(new_app(), page_file)
     assert "SmolLM2-135M-Instruct" in " ".join(c.value for c in at.caption)
     for _ in range(3):
         at.button(key=f"{prefix}-btn-step").click().run()

@@ -6,8 +6,6 @@ lookup must really accept drafts on the copy-edit scenario.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -18,33 +16,12 @@ from app.registry import PAGES
 from app.scenario_library import SPECULATIVE
 from app.scenarios import ScenarioError, scenario_from_dict, scenario_from_json
 from app.session import EngineSession
+from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
-MAIN = ROOT / "app" / "main.py"
 PAGE_FILE = "07_speculative_decoding.py"
-TIMEOUT = 600
 SERVER = {"device": "cpu", "dtype": "float32", "weights": "random"}
 
 pytestmark = pytest.mark.slow
-
-
-def open_page(at: AppTest) -> AppTest:
-    at.run()
-    at.switch_page(f"../pages/{PAGE_FILE}").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-@pytest.fixture()
-def random_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
-    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
-    monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
 
 
 # ---- scenarios and the closed form ---------------------------------------------------------------
@@ -134,7 +111,7 @@ def test_compare_drafters_greedy_matches_plain(random_weights) -> None:  # noqa:
 # ---- the page ------------------------------------------------------------------------------------
 
 def test_page_steps_scrubs_controls_and_compares(random_app: AppTest) -> None:
-    at = open_page(random_app)
+    at = open_page(random_app, PAGE_FILE)
     assert_clean(at)
     for _ in range(5):
         at.button(key="spec-btn-step").click().run()
@@ -178,7 +155,7 @@ def test_page_steps_scrubs_controls_and_compares(random_app: AppTest) -> None:
 def test_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("INFERSCOPE_WEIGHTS", "real")
     monkeypatch.setenv("INFERSCOPE_DEVICE", "cpu")
-    at = open_page(AppTest.from_file(str(MAIN), default_timeout=TIMEOUT))
+    at = open_page(new_app(), PAGE_FILE)
     assert "SmolLM2-135M-Instruct" in " ".join(c.value for c in at.caption)
     for _ in range(8):
         at.button(key="spec-btn-step").click().run()

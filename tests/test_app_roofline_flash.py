@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +29,7 @@ from app.charts.flash_tiles import method_chart, online_softmax_chart, score_mat
 from app.charts.roofline import (decode_calculator_chart, place_labels, request_latency_chart, roofline_chart,
                                  step_latency_chart)
 from kernels.flash_trace import flash_attention_tiled, naive_attention
+from tests.streamlit_server import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ModelConfig()
@@ -282,17 +279,7 @@ def test_pages_open_through_the_navigation(app_env, page_file: str) -> None:  # 
 
 # ---- both pages in headless Chromium -----------------------------------------------------------------
 
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 300_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -300,34 +287,8 @@ def server() -> Iterator[str]:
     pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed")
-    port = _free_port()
-    ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "streamlit-server-roofline-flash.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true", "--server.port",
-         str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("streamlit did not start; see test-artifacts/streamlit-server-roofline-flash.log")
-            time.sleep(0.5)
+    with streamlit_server("streamlit-server-roofline-flash.log", start_timeout_s=120) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture()

@@ -70,7 +70,9 @@ PAGES: tuple[PageSpec, ...] = (
              "KV slots, the closed form vs measured acceptance, and prompt lookup vs early exit vs plain decoding.",
              ":material/fast_forward:", "pages/07_speculative_decoding.py", "speculative-decoding"),
     PageSpec("Medusa and EAGLE", "Scheduling and decoding",
-             "Tree speculation from the model's own hidden states.", ":material/park:"),
+             "Heads on the model's own hidden states draft a tree; one pass with a tree attention mask verifies "
+             "every branch: the tree step by step, its mask, τ over time, tree size vs cost, Medusa vs EAGLE.",
+             ":material/park:", "pages/08_medusa_eagle.py", "medusa-eagle"),
     PageSpec("Disaggregated prefill/decode", "Serving",
              "Separate prefill and decode pools with a KV handoff.", ":material/swap_horiz:"),
 )

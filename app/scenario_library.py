@@ -281,3 +281,49 @@ SPECULATIVE: list[Scenario] = [
                               request_id="chat")),
     ),
 ]
+
+
+# ---- Medusa and EAGLE (pages/08) -----------------------------------------------------------------
+
+# Prompts whose topics are not in training/prompts.py (what the heads were trained on).
+TREE_CHAT_PROMPT = "How does a refrigerator keep food cold?"
+TREE_ADVICE_PROMPT = "Give me some advice for writing a good cover letter."
+_TREE_ENGINE = {"block_size": 16, "num_blocks": 96, "max_model_len": 512, "max_num_seqs": 4, "spec_gamma": 1}
+
+TREE_SPEC: list[Scenario] = [
+    Scenario(
+        name="EAGLE dynamic tree (24 nodes, depth 5, top-4), open question",
+        description="The EAGLE layer drafts from the target's own hidden state, expands the 4 likeliest nodes "
+                    "of each depth and keeps the 24 likeliest paths' nodes; one target pass checks them all.",
+        engine={**_TREE_ENGINE, "spec_drafter": "eagle", "spec_tree_nodes": 24, "spec_tree_depth": 5,
+                "spec_tree_topk": 4},
+        requests=(RequestSpec(TREE_CHAT_PROMPT, max_tokens=48, ignore_eos=True, request_id="fridge"),),
+    ),
+    Scenario(
+        name="Medusa static tree (24 nodes, 4 heads), open question",
+        description="Four Medusa heads each guess one position further ahead from the same hidden state; a "
+                    "fixed tree of their top-k combinations is verified in one pass.",
+        engine={**_TREE_ENGINE, "spec_drafter": "medusa", "spec_tree_nodes": 24, "spec_tree_topk": 4},
+        requests=(RequestSpec(TREE_CHAT_PROMPT, max_tokens=48, ignore_eos=True, request_id="fridge"),),
+    ),
+    Scenario(
+        name="EAGLE, two requests in one batch (each with its own tree)",
+        description="Continuous batching with trees: both requests verify their own tree in the same target "
+                    "pass, with one tree mask each.",
+        engine={**_TREE_ENGINE, "spec_drafter": "eagle", "spec_tree_nodes": 16, "spec_tree_depth": 4,
+                "spec_tree_topk": 3},
+        requests=(RequestSpec(TREE_CHAT_PROMPT, max_tokens=40, ignore_eos=True, request_id="fridge"),
+                  RequestSpec(TREE_ADVICE_PROMPT, max_tokens=40, ignore_eos=True, request_id="letter",
+                              arrival_step=2)),
+    ),
+    Scenario(
+        name="EAGLE sampled (temperature 0.7): children tried in turn",
+        description="Sampling mode: a node's children are tried in order, each accepted with its share of the "
+                    "target's probability left after the rejected siblings; the output keeps the target's "
+                    "distribution.",
+        engine={**_TREE_ENGINE, "spec_drafter": "eagle", "spec_tree_nodes": 24, "spec_tree_depth": 5,
+                "spec_tree_topk": 4},
+        requests=(RequestSpec(TREE_ADVICE_PROMPT, max_tokens=40, temperature=0.7, seed=5, ignore_eos=True,
+                              request_id="letter-T0.7"),),
+    ),
+]

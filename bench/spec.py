@@ -55,12 +55,20 @@ WORKLOADS: dict[str, list] = {
         [{"role": "user", "content": "Write a short story about a robot who learns to paint."}],
         [{"role": "user", "content": "Explain how photosynthesis works."}],
     ],
+    # Topics and phrasings that are not in training/prompts.py (the Medusa / EAGLE / draft-model data).
+    "unseen": [
+        [{"role": "user", "content": "How does a refrigerator keep food cold?"}],
+        [{"role": "user", "content": "Give me some advice for writing a good cover letter."}],
+    ],
 }
+TREE_DRAFTERS = ("medusa", "eagle")
+CHAIN_DRAFTERS = ("ngram", "early_exit", "draft_model")
 
 
-def _engine(weights, drafter: str, args) -> LLMEngine:
+def _engine(weights, drafter: str, args, nodes: int = 24) -> LLMEngine:
     cfg = EngineConfig(num_blocks=64, max_model_len=1024, profile_kernels=False, trace_detail="light",
-                       spec_drafter=drafter, spec_draft_layers=args.draft_layers, spec_gamma=0)
+                       spec_drafter=drafter, spec_draft_layers=args.draft_layers, spec_gamma=0,
+                       spec_tree_nodes=nodes, spec_tree_depth=args.tree_depth, spec_tree_topk=args.tree_topk)
     engine = LLMEngine(cfg, weights)
     engine.generate("Warm up.", SamplingParams(max_tokens=4))
     return engine
@@ -96,7 +104,12 @@ def _sum(runs: list[dict], key: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    ap.add_argument("--drafters", nargs="+", default=["ngram", "early_exit"], choices=["ngram", "early_exit"])
+    ap.add_argument("--drafters", nargs="+", default=["ngram", "early_exit", "draft_model", "medusa", "eagle"],
+                    choices=list(CHAIN_DRAFTERS + TREE_DRAFTERS))
+    ap.add_argument("--tree-nodes", type=int, nargs="+", default=[8, 24, 48],
+                    help="tree drafters: node budgets to run (they take the place of gamma)")
+    ap.add_argument("--tree-depth", type=int, default=5, help="EAGLE: tree depth")
+    ap.add_argument("--tree-topk", type=int, default=4, help="EAGLE: top-k per expansion; Medusa: ranks per head")
     ap.add_argument("--draft-layers", type=int, default=16, help="early-exit drafter: layers of the 30 it runs")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -106,16 +119,23 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     weights = load_weights("real")
-    engines = {"plain": _engine(weights, "none", args)}
-    for d in args.drafters:
-        engines[d] = _engine(weights, d, args)
-    configs = [("plain", 0)] + [(d, g) for d in args.drafters for g in args.gammas]
+    engines = {("plain", 0): _engine(weights, "none", args)}
+    configs = [("plain", 0)]
+    for d in args.drafters:  # (drafter, gamma) for chains; (drafter, node budget) for trees
+        for g in (args.tree_nodes if d in TREE_DRAFTERS else args.gammas):
+            configs.append((d, g))
+            if d in TREE_DRAFTERS:
+                engines[(d, g)] = _engine(weights, d, args, nodes=g)
+            elif (d, 0) not in engines:
+                engines[(d, 0)] = _engine(weights, d, args)
     runs: dict[tuple[str, str, int], list[dict]] = {}
     for wl in args.workloads:
         for i, prompt in enumerate(WORKLOADS[wl]):
             for drafter, gamma in configs:
                 t = time.perf_counter()
-                tries = [_run_one(engines[drafter], prompt, gamma, args.max_tokens) for _ in range(args.repeats)]
+                engine = engines[(drafter, gamma)] if drafter in TREE_DRAFTERS else engines[(drafter, 0)]
+                g = 1 if drafter in TREE_DRAFTERS else gamma  # a tree's size is its engine's node budget
+                tries = [_run_one(engine, prompt, g, args.max_tokens) for _ in range(args.repeats)]
                 r = min(tries, key=lambda x: x["decode_seconds"])  # load on a shared machine only adds time
                 runs.setdefault((wl, drafter, gamma), []).append(r)
                 print(f"  {wl} prompt {i} {drafter:<10} g={gamma}  {r['decode_tokens']} tokens "
@@ -135,12 +155,21 @@ def main() -> None:
                        tok_per_s=1.0 / sec_per_tok, speedup=base_tok_s / sec_per_tok,
                        target_passes=int(_sum(rs, "passes")),
                        tokens_per_pass=_sum(rs, "decode_tokens") / _sum(rs, "passes"))
-            if drafter != "plain":
+            if drafter in TREE_DRAFTERS:
+                rounds = _sum(rs, "rounds")
+                row.update(tree_nodes=gamma, drafted=int(_sum(rs, "drafted")), accepted=int(_sum(rs, "accepted")),
+                           accepted_per_round=_sum(rs, "accepted") / rounds if rounds else 0.0,
+                           # tau: tokens per verification round (accepted drafts + the bonus/resampled one)
+                           tau=_sum(rs, "emitted") / rounds if rounds else 0.0,
+                           draft_seconds=_sum(rs, "draft_seconds"),
+                           v=(_sum(rs, "forward_seconds") / _sum(rs, "passes")) / base_pass_s,
+                           c=(_sum(rs, "draft_seconds") / rounds) / base_tok_s if rounds else 0.0)
+            elif drafter != "plain":
                 acc, rej = _sum(rs, "accepted"), _sum(rs, "rejections")
                 alpha = acc / (acc + rej) if acc + rej else 0.0
                 drafted = _sum(rs, "drafted")
                 # Draft cost per drafted token: prompt lookup's lookups; early exit's k-layer passes.
-                units = _sum(rs, "draft_passes") if drafter == "early_exit" else drafted
+                units = _sum(rs, "draft_passes") if drafter in ("early_exit", "draft_model") else drafted
                 c = (_sum(rs, "draft_seconds") / units) / base_tok_s if units else 0.0
                 v = (_sum(rs, "forward_seconds") / _sum(rs, "passes")) / base_pass_s
                 g = gamma
@@ -154,7 +183,8 @@ def main() -> None:
 
     print(f"\nCPU ({platform.processor() or platform.machine()}), {args.threads} thread(s), torch {torch.__version__}, "
           f"SmolLM2-135M fp32, batch 1, greedy, {args.max_tokens} new tokens per prompt, "
-          f"early-exit drafter = first {args.draft_layers}/30 layers")
+          f"early-exit drafter = first {args.draft_layers}/30 layers; tree drafters: g = node budget, "
+          f"tau = tokens per verification round; for trees c = draft seconds per round / plain seconds per token")
     hdr = (f"{'workload':<8} {'drafter':<10} {'g':>2} {'alpha':>6} {'acc/drft':>9} {'tok/pass':>8} {'pred':>5} "
            f"{'c':>5} {'v':>5} {'tok/s':>6} {'speedup':>7} {'predicted':>9} {'pred(v)':>7} {'same':>5}")
     print(hdr)
@@ -163,6 +193,12 @@ def main() -> None:
         if r["drafter"] == "plain":
             print(f"{r['workload']:<8} {'plain':<10} {'-':>2} {'':>6} {'':>9} {1.0:>8.2f} {'':>5} {'':>5} {'':>5} "
                   f"{r['tok_per_s']:>6.2f} {1.0:>7.2f} {'':>9} {'':>7} {'':>5}")
+            continue
+        if r["drafter"] in TREE_DRAFTERS:
+            print(f"{r['workload']:<8} {r['drafter']:<10} {r['gamma']:>2} {'tree':>6} "
+                  f"{r['accepted']:>4}/{r['drafted']:<4} {r['tokens_per_pass']:>8.2f} {r['tau']:>5.2f} "
+                  f"{r['c']:>5.3f} {r['v']:>5.2f} {r['tok_per_s']:>6.2f} {r['speedup']:>7.2f} {'':>9} {'':>7} "
+                  f"{'yes' if r['identical_to_plain'] else 'NO':>5}")
             continue
         print(f"{r['workload']:<8} {r['drafter']:<10} {r['gamma']:>2} {r['alpha']:>6.3f} "
               f"{r['accepted']:>4}/{r['drafted']:<4} {r['tokens_per_pass']:>8.2f} {r['predicted_tokens_per_pass']:>5.2f} "
@@ -174,7 +210,8 @@ def main() -> None:
     out.write_text(json.dumps(dict(
         device="cpu", threads=args.threads, omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         torch=torch.__version__, model="SmolLM2-135M-Instruct fp32", max_tokens=args.max_tokens,
-        draft_layers=args.draft_layers, gammas=args.gammas, workloads={k: len(v) for k, v in WORKLOADS.items()},
+        draft_layers=args.draft_layers, gammas=args.gammas, tree_nodes=args.tree_nodes,
+        tree_depth=args.tree_depth, tree_topk=args.tree_topk, workloads={k: len(v) for k, v in WORKLOADS.items()},
         repeats=args.repeats, command=" ".join(["python"] + sys.argv), rows=rows), indent=2))
     print(f"wrote {out}")
 

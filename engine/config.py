@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Literal
 
 SchedulerPolicy = Literal["continuous", "static"]
+DRAFTERS = ("none", "ngram", "early_exit", "draft_model", "medusa", "eagle")
 KernelBackend = Literal["auto", "triton", "torch"]
 
 
@@ -68,11 +69,18 @@ class EngineConfig:
     # default drafted tokens per round (a request overrides it with add_request(spec_gamma=...)),
     # the early-exit drafter's layer count, and prompt lookup's n-gram sizes (single-token matches
     # are off by default: a frequent token matches everywhere and proposes noise).
-    spec_drafter: Literal["none", "ngram", "early_exit"] = "none"
+    # "draft_model" is the distilled small model, "medusa"/"eagle" the tree drafters (weights in
+    # engine/assets/spec_heads/); for trees, spec_gamma > 0 just switches speculation on and the tree
+    # knobs below set its size: node budget, EAGLE depth, and the top-k of each expansion (Medusa:
+    # how many ranks of each head the static tree may use).
+    spec_drafter: Literal["none", "ngram", "early_exit", "draft_model", "medusa", "eagle"] = "none"
     spec_gamma: int = 4
     spec_draft_layers: int = 8
     spec_ngram_min: int = 2
     spec_ngram_max: int = 3
+    spec_tree_nodes: int = 24
+    spec_tree_depth: int = 5
+    spec_tree_topk: int = 4
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -83,8 +91,12 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.policy must be 'continuous' or 'static', got {self.policy!r}")
         if self.kernel_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"EngineConfig.kernel_backend must be auto/triton/torch, got {self.kernel_backend!r}")
-        if self.spec_drafter not in ("none", "ngram", "early_exit"):
-            raise ValueError(f"EngineConfig.spec_drafter must be none/ngram/early_exit, got {self.spec_drafter!r}")
+        if self.spec_drafter not in DRAFTERS:
+            raise ValueError(f"EngineConfig.spec_drafter must be one of {'/'.join(DRAFTERS)}, got {self.spec_drafter!r}")
+        if not 1 <= self.spec_tree_nodes <= 128 or not 1 <= self.spec_tree_depth <= 16 or not 1 <= self.spec_tree_topk <= 16:
+            raise ValueError("EngineConfig tree knobs: spec_tree_nodes in [1, 128], spec_tree_depth and "
+                             f"spec_tree_topk in [1, 16]; got {self.spec_tree_nodes}, {self.spec_tree_depth}, "
+                             f"{self.spec_tree_topk}")
         if not 0 <= self.spec_gamma <= 16:
             raise ValueError(f"EngineConfig.spec_gamma must be in [0, 16], got {self.spec_gamma}")
         if self.spec_draft_layers < 1 or not 1 <= self.spec_ngram_min <= self.spec_ngram_max:

@@ -175,6 +175,8 @@ class LLMEngine:
                 self._arrival_clock[seq.request_id] = self.clock
         sched = self.scheduler.schedule(step)
         self.pool.copy_blocks(sched.copies)
+        if self.speculator is not None:
+            self.speculator.drafter.on_block_copies(sched.copies)
         # Speculative decoding: drafts for sequences scheduled with lookahead slots (trims unused ones).
         drafts = self.speculator.draft(sched) if self.speculator is not None else {}
         emitted: list[EmittedToken] = []
@@ -185,6 +187,8 @@ class LLMEngine:
             # Fresh prefills (starting at position 0) first: they attend only to their own tokens.
             order = sorted(sched.scheduled, key=lambda sn: sn[0].num_computed_tokens != 0)
             fresh, paged, rows, samplers = [], [], [], []  # samplers: (sequence, its row in the logits)
+            trees = {}  # paged index -> (depths, mask) of a draft tree under verification
+            first_row: dict[int, int] = {}  # seq_id -> its first row in the batch (hidden states)
             row = 0
             for seq, n in order:
                 start = seq.num_computed_tokens
@@ -195,7 +199,11 @@ class LLMEngine:
                 if start == 0:
                     fresh.append((toks, start, slots))
                 else:
+                    tree = drafts[seq.seq_id].proposal.tree if seq.seq_id in drafts else None
+                    if tree is not None:
+                        trees[len(paged)] = ([0] + tree.depths, tree.mask())
                     paged.append((toks, start, slots, self.block_manager.tables[seq.seq_id]))
+                first_row[seq.seq_id] = row
                 row += n
                 if seq.seq_id in drafts:  # verification needs the logits of every one of its rows
                     drafts[seq.seq_id].logits_start = len(rows)
@@ -203,12 +211,18 @@ class LLMEngine:
                 elif start + n == seq.num_tokens:
                     samplers.append((seq, len(rows)))
                     rows.append(row - 1)
-            batch = build_forward_batch(fresh, paged, rows, self.device)
+            batch = build_forward_batch(fresh, paged, rows, self.device, trees)
             tf = time.perf_counter()
-            logits = self._forward(batch)  # [len(rows), vocab]; may be empty
+            hidden = None
+            if self.speculator is not None and self.speculator.drafter.wants_hidden:
+                logits, hidden = self.model.forward_with_hidden(batch, self.pool)
+            else:
+                logits = self._forward(batch)  # [len(rows), vocab]; may be empty
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forward_seconds = time.perf_counter() - tf
+            if self.speculator is not None:
+                self.speculator.mirror(batch)  # a draft model keeps its own KV in step with the target
             self.counters["forward_passes"] += 1
             for seq, n in sched.scheduled:
                 phase = "prefill" if seq.in_prefill else "decode"
@@ -217,15 +231,20 @@ class LLMEngine:
                     # First pass since admission. Not only prefills: a returning preempted request can
                     # find all but its last token cached, and then this pass looks like a decode.
                     self.counters["prompt_tokens_cached"] += seq.num_cached_tokens
+                start = seq.num_computed_tokens
                 seq.num_computed_tokens += n
                 if phase == "prefill" and self.scheduler.prefix_cache is not None:
                     self.scheduler.prefix_cache.on_computed(seq)  # publish the prompt's computed blocks now
+                r0 = first_row[seq.seq_id]
                 if seq.seq_id in drafts:  # accept/reject the drafts, roll back rejected KV, emit tokens
                     first = drafts[seq.seq_id].logits_start
                     self.speculator.verify(seq, drafts[seq.seq_id], logits[first:first + n], forward_seconds,
                                            lambda tok, s=seq: self._sample_into(
                                                s, None, step, self.clock + time.perf_counter() - t0,
-                                               emitted, finished, tok))
+                                               emitted, finished, tok),
+                                           hidden[r0:r0 + n] if hidden is not None else None)
+                elif hidden is not None:  # hidden-state drafters read the target's features later
+                    self.speculator.drafter.observe(seq, list(range(start, start + n)), hidden[r0:r0 + n])
                 batch_view.append(ScheduledSeq(seq.label, seq.seq_id, phase, n, seq.num_computed_tokens,
                                                seq.num_cached_tokens if phase == "prefill" else 0))
             wall_so_far = time.perf_counter() - t0
@@ -303,6 +322,8 @@ class LLMEngine:
             prefix_cache.on_finish(seq)
         self.scheduler.finish(seq)
         self.block_manager.free(seq.seq_id)
+        if self.speculator is not None:
+            self.speculator.drafter.forget(seq.seq_id)
         seq.finish_reason = reason
         seq.finish_step = self.step_index if step is None else step
         seq.fork_parent = None

@@ -30,6 +30,10 @@ class ForwardBatch:
     q_lens: tuple[int, ...]
     ctx_lens: tuple[int, ...]
     logits_indices: torch.Tensor  # [S] rows whose next-token logits are needed
+    # Tree verification (Medusa / EAGLE): per paged sequence, None or a [q_len, q_len] bool mask over
+    # its new rows (row i may see row j: j is i or one of its ancestors); its context stays visible.
+    # Empty when no sequence of the batch verifies a tree (every paged row is causal).
+    tree_masks: tuple[torch.Tensor | None, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -45,7 +49,10 @@ def build_forward_batch(
     paged: list[tuple[list[int], int, list[int], list[int]]],  # (+ block table) per sequence
     logits_rows: list[int],
     device: torch.device,
+    trees: dict[int, tuple[list[int], torch.Tensor]] | None = None,  # paged index -> (depths, mask)
 ) -> ForwardBatch:
+    """`trees`: a paged sequence whose new rows are a draft tree, flattened parents-first: row i
+    sits at position start + depths[i] (siblings share a position) but keeps its own slot."""
     # Plain Python lists first, then one host-to-device copy per tensor: at a few hundred sequences
     # per step, per-sequence tensor construction would cost more than the decode itself.
     ids: list[int] = []
@@ -62,10 +69,13 @@ def build_forward_batch(
     ctx_lens: list[int] = []
     width = max((len(t) for *_, t in paged), default=1) or 1
     flat_tables: list[int] = []
-    for tokens, start, sl, table in paged:
+    for b, (tokens, start, sl, table) in enumerate(paged):
         n = len(tokens)
         ids += tokens
-        pos += range(start, start + n)
+        if trees and b in trees:
+            pos += [start + d for d in trees[b][0]]
+        else:
+            pos += range(start, start + n)
         slots += sl
         qsl.append(qsl[-1] + n)
         q_lens.append(n)
@@ -91,4 +101,5 @@ def build_forward_batch(
         q_lens=tuple(q_lens),
         ctx_lens=tuple(ctx_lens),
         logits_indices=torch.tensor(logits_rows, **i64),
+        tree_masks=tuple(trees[b][1].to(device) if b in trees else None for b in range(len(paged))) if trees else (),
     )

@@ -32,3 +32,13 @@ class KVPool:
         src = torch.tensor([c.src for c in copies], device=self.data.device)
         dst = torch.tensor([c.dst for c in copies], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
+
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """Move single token slots (every layer, K and V): a tree round keeps its accepted path by
+        compacting the path's KV into the slots right after the context."""
+        if not src:
+            return
+        flat = self.data.view(*self.data.shape[:2], -1, *self.data.shape[4:])  # [L, 2, slots, H, D]
+        s = torch.tensor(src, device=self.data.device)
+        d = torch.tensor(dst, device=self.data.device)
+        flat[:, :, d] = flat[:, :, s]

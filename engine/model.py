@@ -98,9 +98,11 @@ class LlamaModel:
         if nf == q.shape[0]:
             return self.kernels.prefill_attention(q, k, v, batch.fresh_cu_seqlens, batch.fresh_max_len,
                                                   self.scale, batch.fresh_lens)
-        paged_out = self.kernels.paged_attention(
+        paged = self.kernels.tree_attention if batch.tree_masks else self.kernels.paged_attention
+        extra = (batch.tree_masks,) if batch.tree_masks else ()
+        paged_out = paged(
             q[nf:], k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            batch.max_query_len, batch.max_seq_len, self.scale, batch.q_lens, batch.ctx_lens)
+            batch.max_query_len, batch.max_seq_len, self.scale, batch.q_lens, batch.ctx_lens, *extra)
         if nf == 0:
             return paged_out
         fresh_out = self.kernels.prefill_attention(q[:nf], k[:nf], v[:nf], batch.fresh_cu_seqlens,
@@ -143,5 +145,11 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, pool: KVPool, num_layers: int | None = None) -> torch.Tensor:
         """Logits [S, vocab] for the rows in `batch.logits_indices` only (the LM head is 1/4 of the
         model's FLOPs per token, so prompt rows that sample nothing skip it)."""
+        return self.forward_with_hidden(batch, pool, num_layers)[0]
+
+    def forward_with_hidden(self, batch: ForwardBatch, pool: KVPool,
+                            num_layers: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits of `logits_indices`, final-normed hidden state of every row): Medusa heads and
+        the EAGLE layer draft from the target's hidden states."""
         hidden = self.hidden_states(batch, pool, num_layers)
-        return self.logits(hidden[batch.logits_indices])
+        return self.logits(hidden[batch.logits_indices]), hidden

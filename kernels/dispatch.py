@@ -115,6 +115,19 @@ class Kernels:
             return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens,
                                                   query_start_loc, max_query_len, max_seq_len, scale)
 
+    def tree_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int,
+                       max_seq_len: int, scale: float, q_lens: list[int], ctx_lens: list[int], tree_masks):
+        """Paged attention for a batch in which some sequence verifies a draft tree (an explicit mask
+        over its new rows). Always the torch reference, also on CUDA: our Triton paged kernel is
+        causal-only, and the timing panel says so ("torch")."""
+        hq, d = q.shape[1], q.shape[2]
+        hkv = k_cache.shape[2]
+        flops = sum(2 * 2 * hq * d * ql * cl for ql, cl in zip(q_lens, ctx_lens))
+        nbytes = (2 * q.numel() + 2 * hkv * d * sum(ctx_lens)) * q.element_size()
+        with self.timer.timed("attention.tree", "torch", flops, nbytes):
+            return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                       max_query_len, max_seq_len, scale, tree_masks)
+
     # ---- fused elementwise families -----------------------------------------------------------
     def rmsnorm(self, x, weight, eps: float, residual=None):
         """(rmsnorm(x [+ residual]) * weight, x + residual or None); see kernels.rmsnorm_ref."""

@@ -28,7 +28,10 @@ def paged_attention_ref(
     max_query_len: int,
     max_seq_len: int,
     scale: float,
+    tree_masks: tuple[torch.Tensor | None, ...] = (),
 ) -> torch.Tensor:
+    """tree_masks: per sequence None (causal) or [q_len, q_len] bool: which of this step's rows each
+    row may see (a draft tree: itself and its ancestors); the cached context stays fully visible."""
     out = torch.empty_like(q)
     hq, hkv = q.shape[1], k_cache.shape[2]
     group = hq // hkv
@@ -51,7 +54,10 @@ def paged_attention_ref(
         # Row j may see keys up to position length - q_len + j.
         pos_q = torch.arange(length - q_len, length, device=q.device)[:, None]
         pos_k = torch.arange(length, device=q.device)[None, :]
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=pos_k <= pos_q, scale=scale,
+        mask = pos_k <= pos_q
+        if tree_masks and tree_masks[b] is not None:
+            mask[:, length - q_len:] = tree_masks[b]
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale,
                                             enable_gqa=group > 1)
         out[s:e] = ob.transpose(0, 1)
     return out

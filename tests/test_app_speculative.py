@@ -41,7 +41,7 @@ def test_scenario_engine_spec_fields_are_checked() -> None:
     ok = {"requests": [{"prompt": "hi"}], "engine": {"spec_drafter": "ngram", "spec_gamma": 3}}
     assert scenario_from_dict(ok).engine_config().spec_gamma == 3
     with pytest.raises(ScenarioError, match="spec_drafter"):
-        scenario_from_dict({"requests": [{"prompt": "hi"}], "engine": {"spec_drafter": "medusa"}})
+        scenario_from_dict({"requests": [{"prompt": "hi"}], "engine": {"spec_drafter": "lookahead"}})
     with pytest.raises(ScenarioError, match="spec_gamma"):
         scenario_from_dict({"requests": [{"prompt": "hi"}], "engine": {"spec_gamma": 99}})
 
@@ -58,13 +58,15 @@ def test_bench_file_matches_its_own_closed_form() -> None:
     bench = load_bench()
     assert bench is not None
     rows = bench_rows(bench)
-    assert {r["workload"] for r in rows} == {"copy", "chat"}
+    assert {"copy", "chat"} <= {r["workload"] for r in rows}
+    assert not any(r["drafter"] in ("Medusa heads", "EAGLE layer") for r in rows)  # trees: page 08
     for raw in bench["rows"]:
         if raw["drafter"] != "plain":
             predicted = expected_tokens_per_pass(raw["alpha"], raw["gamma"])
             assert raw["predicted_tokens_per_pass"] == pytest.approx(predicted)
     fig = bench_figure(bench)
-    assert len(fig.data) == 8  # 2 workloads x 2 drafters x (measured, predicted)
+    chains = {(r["workload"], r["drafter"]) for r in bench["rows"] if r["drafter"] in ("ngram", "early_exit", "draft_model")}
+    assert len(fig.data) == 2 * len(chains)  # (measured, predicted) per workload and chain drafter
     assert len(closed_form_figure(0.8, 4, 0.1, 3.0, 2.0).data) >= 6
 
 
@@ -98,14 +100,14 @@ def test_compare_drafters_greedy_matches_plain(random_weights) -> None:  # noqa:
         SPECULATIVE[0].requests[0].prompt, max_tokens=12, ignore_eos=True, request_id="copy")]).with_engine(
         spec_draft_layers=4)
     runs = compare_drafters(scenario, random_weights, SERVER)
-    assert set(runs) == {"plain", "ngram", "early_exit"}
+    assert {"plain", "ngram", "early_exit"} <= set(runs)
     assert all(not r.errors for r in runs.values())
     plain = dict(runs["plain"].texts)
-    for k in ("ngram", "early_exit"):
+    for k in set(runs) - {"plain"}:
         assert dict(runs[k].texts) == plain  # greedy speculation emits exactly plain greedy's tokens
     assert speedup_vs_plain(runs, "plain") == pytest.approx(1.0)
     assert runs["plain"].tokens_per_pass == pytest.approx(1.0)
-    assert len(compare_figure(runs).data) == 3
+    assert len(compare_figure(runs).data) == 3  # one bar trace per panel
 
 
 # ---- the page ------------------------------------------------------------------------------------

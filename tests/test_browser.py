@@ -119,6 +119,7 @@ ENGINE_PAGES = [
     ("radix-prefix-cache", "06_radix_prefix_cache", 2),
     ("chunked-prefill", "09_chunked_prefill", 3),
     ("speculative-decoding", "07_speculative_decoding", 4),
+    ("medusa-eagle", "08_medusa_eagle", 3),
 ]
 
 

@@ -40,3 +40,18 @@ def test_triton_graphs_and_reference_agree(random_weights, dtype) -> None:
             return next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))
         agree = sum(common(x, y) for x, y in zip(tri, ref)) / sum(len(x) for x in ref)
         assert agree > 0.8, f"only {agree:.0%} of tokens before the first divergence"
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "medusa", "eagle"])
+def test_trained_drafters_are_lossless_on_cuda(random_weights, drafter) -> None:
+    """fp32 on the GPU with the Triton kernels (tree rounds use the torch tree-masked attention): a
+    drafter changes how many passes run, never the greedy tokens."""
+    from engine.speculative.heads import head_available
+
+    if not head_available(drafter):
+        pytest.skip(f"{drafter} weights not trained")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    plain = _outputs(random_weights, kernel_backend="triton", dtype="float32")
+    spec = _outputs(random_weights, kernel_backend="triton", dtype="float32", spec_drafter=drafter, spec_gamma=3,
+                    spec_tree_nodes=16)
+    assert spec == plain

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from engine.config import EngineConfig
+from engine.speculative.heads import head_available
 from engine.engine import LLMEngine
 from engine.forward_batch import build_forward_batch
 from engine.sampler import filtered_probs
@@ -79,7 +80,8 @@ def plain_outputs(real_weights) -> list[list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["ngram", "early_exit"])
+@pytest.mark.parametrize("drafter", ["ngram", "early_exit", pytest.param("draft_model", marks=pytest.mark.skipif(
+    not head_available("draft_model"), reason="draft model not trained (python -m training.train_draft_model)"))])
 def test_greedy_outputs_identical_to_plain_decoding(real_weights, plain_outputs, drafter, tmp_path):
     engine = LLMEngine(_real_config(spec_drafter=drafter), real_weights)
     out, records = _run(engine, PROMPTS, GAMMAS, ARRIVALS, SamplingParams(max_tokens=MAX_NEW))
@@ -325,7 +327,11 @@ def test_sampled_mode_on_tiny_model_is_reproducible_and_uses_both_drafters(tiny_
 
 def test_bad_spec_settings_are_rejected(tiny_weights):
     with pytest.raises(ValueError, match="spec_drafter"):
-        EngineConfig(spec_drafter="medusa")
+        EngineConfig(spec_drafter="lookahead")
+    for trained in ("medusa", "eagle", "draft_model"):  # heads trained for SmolLM2's shapes, not the tiny model's
+        if head_available(trained):
+            with pytest.raises(ValueError, match="trained for"):
+                _tiny(tiny_weights, spec_drafter=trained)
     with pytest.raises(ValueError, match="spec_gamma"):
         EngineConfig(spec_gamma=-1)
     with pytest.raises(ValueError, match="draft layers"):

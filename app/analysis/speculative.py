@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.speculative.heads import head_available
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
@@ -23,7 +24,8 @@ from app.session import EngineSession, SessionError
 
 BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "spec_cpu.json"
 DRAFTER_LABELS = {"plain": "plain decoding", "none": "plain decoding", "ngram": "prompt lookup (n-gram)",
-                  "early_exit": "early exit"}
+                  "early_exit": "early exit", "draft_model": "distilled draft model", "medusa": "Medusa heads",
+                  "eagle": "EAGLE layer"}
 
 
 # ---- the closed form -----------------------------------------------------------------------------
@@ -88,8 +90,9 @@ class RoundView:
 
 
 def step_rounds(record: StepRecord) -> list[RoundView]:
+    """Chain rounds only (tree rounds of Medusa / EAGLE belong to app.analysis.tree_spec)."""
     spec = record.extra("spec")
-    return [RoundView(dict(r)) for r in spec["rounds"]] if spec else []
+    return [RoundView(dict(r)) for r in spec["rounds"] if r.get("kind", "chain") != "tree"] if spec else []
 
 
 def step_skipped(record: StepRecord) -> list[dict[str, Any]]:
@@ -201,7 +204,7 @@ def bench_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Table rows of the benchmark, speculative configurations only, with friendly names."""
     rows = []
     for r in bench.get("rows", []):
-        if r["drafter"] == "plain":
+        if r["drafter"] in ("plain", "medusa", "eagle"):  # trees have no alpha / closed form (see page 08)
             continue
         rows.append({"workload": r["workload"], "drafter": DRAFTER_LABELS.get(r["drafter"], r["drafter"]),
                      "γ": r["gamma"], "α": r["alpha"], "tokens/pass measured": r["tokens_per_pass"],
@@ -224,7 +227,7 @@ def bench_c(bench: dict[str, Any] | None, drafter: str) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class DrafterRun:
-    drafter: str  # "plain" | "ngram" | "early_exit"
+    drafter: str  # "plain" | "ngram" | "early_exit" | "draft_model" | "medusa" | "eagle"
     gamma: int
     records: tuple[StepRecord, ...]
     errors: tuple[SessionError, ...]
@@ -232,7 +235,8 @@ class DrafterRun:
 
     @property
     def label(self) -> str:
-        return DRAFTER_LABELS[self.drafter] + (f", γ = {self.gamma}" if self.drafter != "plain" else "")
+        tree = self.drafter in ("medusa", "eagle")
+        return DRAFTER_LABELS[self.drafter] + (f", γ = {self.gamma}" if self.drafter != "plain" and not tree else "")
 
     @property
     def last(self) -> SpecPoint | None:
@@ -269,6 +273,15 @@ def compare_drafters(scenario: Scenario, weights: LoadedWeights, server: dict[st
     variants = {"plain": scenario.with_engine(spec_drafter="none"),
                 "ngram": scenario.with_engine(spec_drafter="ngram", spec_gamma=gamma),
                 "early_exit": scenario.with_engine(spec_drafter="early_exit", spec_gamma=gamma)}
+    if head_available("draft_model"):
+        variants["draft_model"] = scenario.with_engine(spec_drafter="draft_model", spec_gamma=gamma)
+    return run_variants(variants, weights, server, gamma, max_steps, on_progress)
+
+
+def run_variants(variants: dict[str, Scenario], weights: LoadedWeights, server: dict[str, str], gamma: int,
+                 max_steps: int = 400, on_progress: Callable[[int], None] | None = None) -> dict[str, DrafterRun]:
+    """Run each variant (key = drafter name, "plain" for none) in its own engine, stepping alternately
+    so background load falls on all of them alike."""
     sessions = {k: EngineSession.create(sc, weights, server) for k, sc in variants.items()}
     step_alternately(sessions, max_steps, on_progress)
     out = {}

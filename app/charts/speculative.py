@@ -23,7 +23,7 @@ ROLLED = "#F3D0D0"
 DRAFT_T = "#CC79A7"
 VERIFY_T = "#0072B2"
 VERDICT_COLORS = {"accepted": ACCEPTED, "rejected": REJECTED, "unverified": UNVERIFIED}
-RUN_COLORS = {"plain": "#6B7280", "ngram": "#009E73", "early_exit": "#CC79A7"}
+RUN_COLORS = {"plain": "#6B7280", "ngram": "#009E73", "early_exit": "#CC79A7", "draft_model": "#56B4E9"}
 MONO = "'JetBrains Mono', Menlo, Consolas, monospace"
 
 
@@ -212,11 +212,11 @@ def closed_form_figure(alpha: float, gamma: int, c: float, measured_tpp: float |
 
 def bench_figure(bench: dict) -> go.Figure:
     """Measured vs predicted speedup over γ, per workload and drafter."""
-    workloads = [w for w in ("copy", "chat") if any(r["workload"] == w for r in bench["rows"])]
+    workloads = [w for w in ("copy", "chat", "unseen") if any(r["workload"] == w for r in bench["rows"])]
     fig = make_subplots(rows=1, cols=len(workloads), shared_yaxes=True, horizontal_spacing=0.05,
                         subplot_titles=[f"“{w}” workload" for w in workloads])
     for col, w in enumerate(workloads, start=1):
-        for d in ("ngram", "early_exit"):
+        for d in ("ngram", "early_exit", "draft_model"):
             rows = sorted((r for r in bench["rows"] if r["workload"] == w and r["drafter"] == d),
                           key=lambda r: r["gamma"])
             if not rows:

@@ -12,11 +12,11 @@ from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compa
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
 from app.runtime import server_engine_settings, shared_weights
-from app.scenarios import RequestSpec
 from app.session import EngineSession
 from app.state import page_cache
 from app.theme import show_figure
 from app.widgets.comparison import comparison_runner
+from app.widgets.decoding_mode import DECODING_MODES, apply_decoding_mode, default_mode_index
 from app.widgets.explain import explanation
 from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
@@ -45,7 +45,9 @@ def speculative_explanation() -> None:
          "The KV slots of rejected drafts were written by the verification pass and are **rolled back** (✕).",
          "**Prompt lookup** (n-gram) copies what followed the last few tokens earlier in the text: c ≈ 0, "
          "α high when the answer repeats the prompt (copy-edit, summarise), near useless in open chat. "
-         "**Early exit** (the target's first layers) costs c ≈ ½ here and agrees rarely on a 135M model."],
+         "**Early exit** (the target's first layers) costs c ≈ ½ here and agrees rarely on a 135M model. The "
+         "**distilled draft model** (2 layers trained here to imitate the target, sharing its embeddings) is "
+         "cheaper (c ≈ 0.1) and agrees more often."],
         note="α is measured like the benchmark: accepted / (accepted + rejections), the per-draft acceptance "
              "probability of the i.i.d. model.",
     )
@@ -56,28 +58,23 @@ def speculative_explanation() -> None:
 def spec_controls(session: EngineSession, page: str) -> None:
     """Drafter, γ, draft layers and greedy/sampled for every request, applied by restarting the engine."""
     cfg = session.scenario.engine_config()
-    temps = {r.temperature for r in session.scenario.requests}
     with st.form(key=f"{page}-spec-form", border=True):
         c = st.columns([1.6, 1.3, 1.2, 1.9, 1.3], vertical_alignment="bottom")
-        drafters = ["ngram", "early_exit", "none"]
-        drafter = c[0].selectbox("Drafter", drafters, index=drafters.index(cfg.spec_drafter),
+        drafters = ["ngram", "early_exit", "draft_model", "none"]
+        drafter = c[0].selectbox("Drafter", drafters,
+                                 index=drafters.index(cfg.spec_drafter) if cfg.spec_drafter in drafters else 0,
                                  format_func=lambda d: DRAFTER_LABELS[d] if d != "none" else "none (plain decoding)",
                                  key=f"{page}-spec-drafter")
         gamma = c[1].slider("γ (drafts per round)", 1, 8, max(1, min(cfg.spec_gamma, 8)), key=f"{page}-spec-gamma")
         layers = c[2].number_input("Early-exit layers (of 30)", 1, 29, min(cfg.spec_draft_layers, 29),
                                    key=f"{page}-spec-layers")
-        modes = ["greedy", "sampled, T = 0.7", "sampled, T = 1.0", "as in the scenario"]
-        mode = c[3].selectbox("Decoding (all requests)", modes, index=3 if len(temps) > 1 else
-                              (0 if temps == {0.0} else 3), key=f"{page}-spec-mode")
+        mode = c[3].selectbox("Decoding (all requests)", DECODING_MODES, index=default_mode_index(session.scenario),
+                              key=f"{page}-spec-mode")
         applied = c[4].form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
     if applied:
         scenario = session.scenario.with_engine(spec_drafter=drafter, spec_gamma=int(gamma),
                                                 spec_draft_layers=int(layers))
-        if mode != "as in the scenario":
-            t = 0.0 if mode == "greedy" else float(mode.split("= ")[1])
-            scenario = scenario.with_requests([RequestSpec(**{**r.to_dict(), "stop": tuple(r.stop), "temperature": t,
-                                                              "seed": r.seed if r.seed is not None or t == 0 else i})
-                                               for i, r in enumerate(scenario.requests)])
+        scenario = apply_decoding_mode(scenario, mode)
         if load_scenario(session, page, scenario):
             st.rerun()
 
@@ -90,7 +87,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     last = series[-1] if series else None
     rounds = step_rounds(record)
     m = st.columns(5)
-    short = {"ngram": "n-gram", "early_exit": "early exit", "none": "none"}
+    short = {"ngram": "n-gram", "early_exit": "early exit", "draft_model": "draft model", "none": "none"}
     m[0].metric("Drafter", f"{short.get(cfg.spec_drafter, cfg.spec_drafter)}, γ {cfg.spec_gamma}",
                 help=f"γ = {cfg.spec_gamma}" + (f", {cfg.spec_draft_layers} of 30 layers"
                                                  if cfg.spec_drafter == "early_exit" else ""))
@@ -108,6 +105,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     if cfg.spec_drafter == "none":
         st.info("Plain decoding (no drafter): pick a drafter above to see verification rounds.",
                 icon=":material/info:")
+    elif cfg.spec_drafter in ("medusa", "eagle"):
+        st.info("Medusa and EAGLE draft trees, not chains: their rounds are drawn on the **Medusa and EAGLE** "
+                "page.", icon=":material/park:")
     notes = [f":material/block: **{s['request_id']}** decoded plainly (γ {s['gamma']}): "
              f"{SKIP_REASONS.get(s['reason'], s['reason'])}" for s in step_skipped(record)]
     prefill = [s.request_id for s in record.batch if s.phase == "prefill"]
@@ -217,14 +217,16 @@ def bench_section() -> None:
 def compare_section(session: EngineSession, page: str) -> None:
     st.subheader("Drafters compared on the same requests")
     cfg = session.scenario.engine_config()
-    st.markdown(f"Three fresh engines run this scenario to the end: **plain decoding**, **prompt lookup** and "
-                f"**early exit** ({cfg.spec_draft_layers} layers), both with γ = {cfg.spec_gamma or 4}. Load the "
+    st.markdown(f"Fresh engines run this scenario to the end: **plain decoding**, **prompt lookup**, "
+                f"**early exit** ({cfg.spec_draft_layers} layers) and the **distilled draft model**, each with "
+                f"γ = {cfg.spec_gamma or 4}. Load the "
                 "*copy-edit* scenario and then the *open chat* one to see where n-gram lookup shines and where "
                 "it does not.")
     runs = comparison_runner(
-        session, page, button_label="Run all three", button_key="spec-compare",
-        progress_text="Running plain, prompt lookup and early exit…", step_text="Running all three… round {n}",
-        expected_steps=50, hint="Press **Run all three** (three runs of the scenario; about 30–90 s on the CPU).",
+        session, page, button_label="Run all drafters", button_key="spec-compare",
+        progress_text="Running plain, prompt lookup, early exit and the draft model…",
+        step_text="Running every drafter… round {n}",
+        expected_steps=50, hint="Press **Run all drafters** (one run of the scenario each; about 30–120 s on the CPU).",
         run=lambda on_progress: compare_drafters(session.scenario, shared_weights(), server_engine_settings(),
                                                  on_progress=on_progress),
         errors_of=lambda runs: (f"{r.label}: {e.message}" for r in runs.values() for e in r.errors))
@@ -246,5 +248,5 @@ def compare_section(session: EngineSession, page: str) -> None:
                         + ("" if greedy else " (sampled: the same distribution, not the same draws)"))
     show_figure(compare_figure(runs), key="spec-compare-bars", height=380)
     st.caption("Speedup = plain's decode time per token / this run's (steps with a prefill left out: they are "
-               "the same for all three). The engines step alternately, so background load on a shared CPU falls "
+               "the same for all of them). The engines step alternately, so background load on a shared CPU falls "
                "on all of them; single runs are still noisy.")

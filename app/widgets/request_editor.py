@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from engine.config import EngineConfig
+from engine.config import DRAFTERS, EngineConfig
 
 from app.scenarios import RequestSpec, Scenario, ScenarioError, parse_request, scenario_from_json
 from app.session import EngineSession, SessionError
@@ -102,13 +102,22 @@ def _engine_inputs(scenario: Scenario, prefix: str) -> dict[str, Any]:
     out["chunked_prefill"] = c[2].checkbox("chunked prefill", cfg.chunked_prefill, key=f"{prefix}-cp")
     if "spec_drafter" in scenario.engine:  # speculative-decoding scenarios show their drafter knobs
         c = st.columns(4)
-        drafters = ["none", "ngram", "early_exit"]
+        drafters = list(DRAFTERS)
         out["spec_drafter"] = c[0].selectbox("spec_drafter", drafters, index=drafters.index(cfg.spec_drafter),
                                              key=f"{prefix}-sd")
-        out["spec_gamma"] = c[1].number_input("spec_gamma (drafts per round)", 0, 16, cfg.spec_gamma,
-                                              key=f"{prefix}-sg")
-        out["spec_draft_layers"] = c[2].number_input("spec_draft_layers (early exit)", 1, 30,
-                                                     cfg.spec_draft_layers, key=f"{prefix}-sl")
+        out["spec_gamma"] = c[1].number_input("spec_gamma (drafts per round; trees: 0 = off)", 0, 16,
+                                              cfg.spec_gamma, key=f"{prefix}-sg")
+        if cfg.spec_drafter in ("medusa", "eagle"):
+            out["spec_tree_nodes"] = c[2].number_input("spec_tree_nodes", 1, 128, cfg.spec_tree_nodes,
+                                                       key=f"{prefix}-tn")
+            c2 = st.columns(4)
+            out["spec_tree_depth"] = c2[0].number_input("spec_tree_depth (EAGLE)", 1, 16, cfg.spec_tree_depth,
+                                                        key=f"{prefix}-td")
+            out["spec_tree_topk"] = c2[1].number_input("spec_tree_topk", 1, 16, cfg.spec_tree_topk,
+                                                       key=f"{prefix}-tk")
+        else:
+            out["spec_draft_layers"] = c[2].number_input("spec_draft_layers (early exit)", 1, 30,
+                                                         cfg.spec_draft_layers, key=f"{prefix}-sl")
     return {k: (int(v) if isinstance(v, float) else v) for k, v in out.items()}
 
 

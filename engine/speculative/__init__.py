@@ -1,6 +1,7 @@
 """Speculative decoding: a cheap drafter proposes gamma tokens, the target verifies them in one pass.
 
-Turn it on with `EngineConfig(spec_drafter="ngram" | "early_exit", spec_gamma=4)`; a request can
+Turn it on with `EngineConfig(spec_drafter="ngram" | "early_exit" | "draft_model" | "medusa" | "eagle",
+spec_gamma=4)`; a request can
 choose its own gamma with `engine.add_request(prompt, params, spec_gamma=g)` (0 = plain decoding for
 that request). Greedy requests emit exactly the tokens plain greedy decoding emits; sampled requests
 emit tokens distributed exactly as the target's `filtered_probs` (temperature / top-k / top-p), drawn
@@ -11,8 +12,18 @@ Pieces
 ------
 - `drafters.py`: `Drafter.propose(seq, gamma) -> DraftProposal(tokens, q_probs | None, q_of_tokens,
   detail)`, `propose_batch`, and `max_proposal` (asked before scheduling).
-  `PromptLookupDrafter` ("ngram", deterministic: one-hot q) and `EarlyExitDrafter` ("early_exit":
-  the target's first `spec_draft_layers` layers + final norm + tied LM head, sharing its KV pool).
+  `PromptLookupDrafter` ("ngram", deterministic: one-hot q), `EarlyExitDrafter` ("early_exit":
+  the target's first `spec_draft_layers` layers + final norm + tied LM head, sharing its KV pool) and
+  `DraftModelDrafter` ("draft_model": a 2-layer model distilled from the target, its own KV pool
+  indexed by the target's block tables, mirrored on every target pass).
+- `tree_drafters.py`: `MedusaDrafter` ("medusa", static tree over K heads' top-k) and `EagleDrafter`
+  ("eagle", one decoder layer drafting a dynamic tree), both reading the target's hidden states
+  (`FeatureStore`); knobs `spec_tree_nodes`, `spec_tree_depth`, `spec_tree_topk`. For them
+  `spec_gamma` > 0 only switches speculation on (per request too: `spec_gamma=0` = plain).
+- `tree.py`: `DraftTree` (flattened nodes, parents, the tree attention mask) and the tree rules
+  `verify_tree_greedy` / `verify_tree_sampled`.
+- `heads.py`: the trained modules and their fp16 files in `engine/assets/spec_heads/` (trained by
+  `training/`).
 - `acceptance.py`: the pure rule, `verify_sampled(p, drafts, q, generator)` and
   `verify_greedy(logits, drafts)`, both returning a `Verdict`.
 - `speculator.py`: `Speculator`, the engine driver. Hooks: `Scheduler.lookahead` (extra slots to
@@ -96,6 +107,27 @@ ROUND (g = num_drafted; lists marked [g] have one entry per drafted token, in or
                       "lag": int (drafts copy the token `lag` positions earlier; absent on no match)
           early_exit: "draft_layers": int
       }
+    }
+
+TREE ROUND (Medusa / EAGLE; N = num_drafted nodes, flattened parents first; verification row 0 is
+the root = the request's last sampled token, row 1 + i is node i at position start + depth(i)):
+
+    {
+      "request_id", "seq_id", "mode", "gamma", "position", "draft_seconds", "verify_seconds",
+      "emitted_token_ids", "emitted_texts", "drafter_detail",   # as in ROUND
+      "kind": "tree",
+      "num_drafted": int,                  # N
+      "root_token_id": int, "root_text": str,
+      "tree": {"token_ids": [N], "texts": [N], "parents": [N] (-1 = root), "depths": [N] (1 = child of
+               the root), "q": [N] (drafter probability given the parent), "path_prob": [N],
+               "status": [N] "accepted" | "rejected" (checked, not taken) | "unreached"},
+      "accepted_path": [int],              # node indices, root to leaf
+      "num_accepted": int,                 # len(accepted_path)
+      "final_token_id", "final_text", "final_kind" ("bonus" | "resampled"), "final_p",
+      "target_argmax_ids": [N + 1], "target_argmax_texts": [N + 1],   # per verification row
+      "trials": [{"node", "u", "p", "accepted"}],   # sampled mode: children tried in order, p = the
+                                                    # target's mass left for that child
+      "kv_moves": [[from_position, to_position]],   # the accepted path compacted next to the context
     }
 
 The KV picture stays consistent with the round: after the step, the request's block table holds

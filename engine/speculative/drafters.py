@@ -30,6 +30,9 @@ from engine.sampler import filtered_probs
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
+    from engine.speculative.tree import DraftTree
+
+if TYPE_CHECKING:
     from engine.engine import LLMEngine
 
 
@@ -42,6 +45,8 @@ class DraftProposal:
     # q(token) for each token, for the trace (1.0 for one-hot; temperature-1 softmax for greedy).
     q_of_tokens: list[float] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)  # drafter-specific, JSON-able (e.g. the n-gram match)
+    # Tree drafters (Medusa, EAGLE): the tree whose flattened nodes are `tokens`; None for a chain.
+    tree: "DraftTree | None" = None
 
 
 class Drafter:
@@ -49,6 +54,21 @@ class Drafter:
 
     name: str = "drafter"
     deterministic: bool = True  # True: q is one-hot (no q_probs)
+    is_tree: bool = False  # proposes DraftTree (verified with a tree mask) instead of a chain
+    wants_hidden: bool = False  # reads the target's hidden states (`observe` after each pass)
+    mirrors_target: bool = False  # runs its own model over every target pass (`on_forward`)
+
+    def observe(self, seq: Sequence, positions: list[int], rows: torch.Tensor) -> None:
+        """The target's final-normed hidden state at `positions` of `seq` (hidden-state drafters)."""
+
+    def on_forward(self, batch) -> None:  # noqa: ANN001 (ForwardBatch)
+        """Called with every target pass's batch (a draft model mirrors it into its own KV pool)."""
+
+    def forget(self, seq_id: int) -> None:
+        """The sequence finished: drop any per-sequence state."""
+
+    def on_block_copies(self, copies) -> None:  # noqa: ANN001 (list[BlockCopy])
+        """The engine copied whole KV blocks (copy-on-write) in the target's pool."""
 
     def propose(self, seq: Sequence, gamma: int) -> DraftProposal:
         raise NotImplementedError
@@ -121,14 +141,16 @@ class EarlyExitDrafter(Drafter):
             raise ValueError(f"early-exit draft layers must be in [1, {total - 1}], got {num_layers}")
         self.engine = engine
         self.num_layers = num_layers
+        self.model, self.pool = engine.model, engine.pool  # the target's own layers and KV pool
+        self.detail = {"draft_layers": num_layers}
 
     def propose(self, seq: Sequence, gamma: int) -> DraftProposal:
         return self.propose_batch([(seq, gamma)])[0]
 
     def propose_batch(self, requests: list[tuple[Sequence, int]]) -> list[DraftProposal]:
         eng = self.engine
-        bm, model, pool = eng.block_manager, eng.model, eng.pool
-        props = [DraftProposal([], None, [], {"draft_layers": self.num_layers}) for _ in requests]
+        bm, model, pool = eng.block_manager, self.model, self.pool
+        props = [DraftProposal([], None, [], dict(self.detail)) for _ in requests]
         q_rows: list[list[torch.Tensor]] = [[] for _ in requests]
         last = [seq.token_ids[-1] for seq, _ in requests]
         for j in range(max((g for _, g in requests), default=0)):
@@ -163,11 +185,58 @@ class EarlyExitDrafter(Drafter):
         return props
 
 
+class DraftModelDrafter(EarlyExitDrafter):
+    """A small separate draft model distilled from the target (`training/train_draft_model.py`):
+    a few decoder layers of its own and a final norm, on the target's tied embeddings. Its KV lives
+    in its own pool with the *same* block tables and slots as the target's: every target pass is
+    mirrored into it (`on_forward`), so its cache holds the same tokens, and rolling back the
+    target's block table rolls back the draft's too."""
+
+    name = "draft_model"
+
+    def __init__(self, engine: "LLMEngine") -> None:
+        import dataclasses
+
+        from engine.kv_pool import KVPool
+        from engine.model import LlamaModel
+        from engine.speculative.heads import load_head
+
+        cfg = engine.model_config
+        layers, meta = load_head("draft_model", cfg)
+        self.engine = engine
+        self.num_layers = int(meta["num_layers"])
+        dcfg = dataclasses.replace(cfg, num_layers=self.num_layers)
+        sd = layers.engine_state_dict(engine.weights.state_dict["model.embed_tokens.weight"])
+        ec = engine.config
+        self.model = LlamaModel(dcfg, sd, engine.kernels, engine.device, engine.dtype, ec.max_model_len)
+        self.pool = KVPool(dcfg, ec.num_blocks, ec.block_size, engine.dtype, engine.device)
+        self.meta = meta
+        self.detail = {"draft_layers": self.num_layers, "draft_model": True}
+
+    mirrors_target = True
+
+    def on_forward(self, batch) -> None:  # noqa: ANN001
+        self.model.hidden_states(batch, self.pool)  # K/V of every row the target computed, same slots
+
+    def on_block_copies(self, copies) -> None:  # noqa: ANN001
+        self.pool.copy_blocks(copies)  # copy-on-write in the target's pool happens in the draft's too
+
+
 def make_drafter(engine: "LLMEngine") -> Drafter:
     cfg = engine.config
     if cfg.spec_drafter == "ngram":
         return PromptLookupDrafter(cfg.spec_ngram_min, cfg.spec_ngram_max)
     if cfg.spec_drafter == "early_exit":
         return EarlyExitDrafter(engine, cfg.spec_draft_layers)
+    if cfg.spec_drafter == "draft_model":
+        return DraftModelDrafter(engine)
+    if cfg.spec_drafter == "medusa":
+        from engine.speculative.tree_drafters import MedusaDrafter
+
+        return MedusaDrafter(engine, cfg.spec_tree_nodes, cfg.spec_tree_topk)
+    if cfg.spec_drafter == "eagle":
+        from engine.speculative.tree_drafters import EagleDrafter
+
+        return EagleDrafter(engine, cfg.spec_tree_nodes, cfg.spec_tree_depth, cfg.spec_tree_topk)
     raise ValueError(f"unknown drafter {cfg.spec_drafter!r}")
 

@@ -26,6 +26,7 @@ from engine.sampler import filtered_probs
 from engine.sequence import Sequence
 from engine.speculative.acceptance import verify_greedy, verify_sampled
 from engine.speculative.drafters import DraftProposal, make_drafter
+from engine.speculative.tree import TreeVerdict, verify_tree_greedy, verify_tree_sampled
 
 if TYPE_CHECKING:
     from engine.engine import LLMEngine
@@ -122,6 +123,9 @@ class Speculator:
         for (i, seq, g), prop in zip(picks, proposals):
             prop.tokens = prop.tokens[:g]
             k = len(prop.tokens)
+            if prop.tree is not None and len(prop.tree) > k:
+                prop.tree = prop.tree.truncated(k)
+                prop.q_of_tokens = prop.q_of_tokens[:k]
             if k < g:  # give back the slots this round cannot use
                 bm.truncate(seq.seq_id, seq.num_computed_tokens + 1 + k)
                 sched.scheduled[i] = (seq, 1 + k)
@@ -130,11 +134,27 @@ class Speculator:
             rounds[seq.seq_id] = SpecRound(seq, self.gamma_for(seq), prop, share)
         return rounds
 
+    # ---- 3b. a draft model mirrors the target's pass --------------------------------------------
+    def mirror(self, batch) -> None:  # noqa: ANN001 (ForwardBatch)
+        if not self.drafter.mirrors_target:
+            return
+        t0 = time.perf_counter()
+        self.drafter.on_forward(batch)
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+        seconds = time.perf_counter() - t0
+        self._log.draft_seconds += seconds
+        self.totals["draft_seconds"] += seconds
+
     # ---- 4. after the target pass -------------------------------------------------------------
     def verify(self, seq: Sequence, rnd: SpecRound, logits: torch.Tensor, forward_seconds: float,
-               emit: Callable[[int], None]) -> None:
+               emit: Callable[[int], None], hidden: torch.Tensor | None = None) -> None:
         """logits: [1 + g, V], the target's rows for this round. Call after the engine has added the
-        round's 1 + g tokens to `seq.num_computed_tokens`."""
+        round's 1 + g tokens to `seq.num_computed_tokens`. hidden: the same rows' features (tree
+        drafters)."""
+        if rnd.proposal.tree is not None:
+            self._verify_tree(seq, rnd, logits, forward_seconds, emit, hidden)
+            return
         t0 = time.perf_counter()
         drafts = rnd.tokens
         g = len(drafts)
@@ -148,8 +168,18 @@ class Speculator:
         keep = start + 1 + verdict.num_accepted
         self.engine.block_manager.truncate(seq.seq_id, keep)  # roll back the rejected drafts' KV
         accept_seconds = time.perf_counter() - t0
+        emitted = self._emit_and_count(seq, verdict.tokens, keep, g, verdict.num_accepted,
+                                       verdict.final_kind == "resampled", forward_seconds, accept_seconds, emit)
+        self._log.rounds.append(self.round_dict(seq, rnd, verdict, start, emitted,
+                                                forward_seconds + accept_seconds))
+
+    def _emit_and_count(self, seq: Sequence, tokens: list[int], keep: int, drafted: int, accepted: int,
+                        rejected: bool, forward_seconds: float, accept_seconds: float,
+                        emit: Callable[[int], None]) -> list[int]:
+        """Emit the round's tokens one by one through the engine's stop checks (a stop inside the round
+        ends it there), leave `keep` tokens computed, and add the round to the counters and timings."""
         emitted: list[int] = []
-        for tok in verdict.tokens:
+        for tok in tokens:
             seq.num_computed_tokens = len(seq.token_ids)  # every token before this one has valid KV
             emit(tok)
             emitted.append(tok)
@@ -159,17 +189,89 @@ class Speculator:
             seq.num_computed_tokens = keep
         c = self.engine.counters
         c["spec_rounds"] += 1
-        c["spec_drafted_tokens"] += g
-        c["spec_accepted_tokens"] += verdict.num_accepted
-        c["spec_rejected_rounds"] += verdict.final_kind == "resampled"
+        c["spec_drafted_tokens"] += drafted
+        c["spec_accepted_tokens"] += accepted
+        c["spec_rejected_rounds"] += rejected
         c["spec_emitted_tokens"] += len(emitted)
         if not self._log.rounds:  # the first round verified by this step's pass counts the pass once
             self._log.verify_pass_seconds = forward_seconds
             self.totals["verify_seconds"] += forward_seconds
         self._log.accept_seconds += accept_seconds
         self.totals["verify_seconds"] += accept_seconds
-        self._log.rounds.append(self.round_dict(seq, rnd, verdict, start, emitted,
-                                                forward_seconds + accept_seconds))
+        return emitted
+
+    def _verify_tree(self, seq: Sequence, rnd: SpecRound, logits: torch.Tensor, forward_seconds: float,
+                     emit: Callable[[int], None], hidden: torch.Tensor | None) -> None:
+        t0 = time.perf_counter()
+        tree = rnd.proposal.tree
+        n = len(tree)
+        start = seq.num_computed_tokens - n - 1  # the root's position
+        if seq.params.greedy:
+            verdict = verify_tree_greedy(logits, tree)
+        else:
+            verdict = verify_tree_sampled(filtered_probs(logits, seq.params).cpu(), tree, seq.generator)
+        bm = self.engine.block_manager
+        # Compact: the accepted path's KV moves to the slots right after the root, where a plain
+        # decode would have put it (its keys were rotated at start + depth, i.e. those positions).
+        moves = [(start + 1 + node, start + 1 + d) for d, node in enumerate(verdict.path) if node != d]
+        self.engine.pool.copy_slots([bm.slot(seq.seq_id, a) for a, _ in moves],
+                                    [bm.slot(seq.seq_id, b) for _, b in moves])
+        keep = start + 1 + verdict.num_accepted
+        bm.truncate(seq.seq_id, keep)  # roll back every other branch
+        if hidden is not None:  # the root's and the accepted nodes' features are the target's truth
+            rows = [0] + [1 + node for node in verdict.path]
+            self.drafter.observe(seq, list(range(start, keep)), hidden[rows])
+        accept_seconds = time.perf_counter() - t0
+        emitted = self._emit_and_count(seq, verdict.tokens, keep, n, verdict.num_accepted,
+                                       verdict.final_kind == "resampled", forward_seconds, accept_seconds, emit)
+        self._log.rounds.append(self.tree_round_dict(seq, rnd, verdict, start, emitted, moves,
+                                                     forward_seconds + accept_seconds))
+
+    def tree_round_dict(self, seq: Sequence, rnd: SpecRound, v: TreeVerdict, start: int, emitted: list[int],
+                        moves: list[tuple[int, int]], verify_seconds: float) -> dict[str, Any]:
+        tok = self.engine.tokenizer.decode_token
+        tree = rnd.proposal.tree
+        on_path = set(v.path)
+        tried = {node for node, *_ in v.trials} if v.trials else set()
+        if not v.trials:  # greedy: a node was checked iff its parent was reached
+            reached = {-1, *v.path}
+            tried = {i for i, p in enumerate(tree.parents) if p in reached}
+        return {
+            "request_id": seq.label,
+            "seq_id": seq.seq_id,
+            "mode": "greedy" if seq.params.greedy else "sampled",
+            "kind": "tree",
+            "gamma": rnd.gamma,
+            "num_drafted": len(tree),
+            "position": start + 1,
+            "root_token_id": seq.token_ids[start],
+            "root_text": tok(seq.token_ids[start]),
+            "tree": {
+                "token_ids": list(tree.tokens),
+                "texts": [tok(t) for t in tree.tokens],
+                "parents": list(tree.parents),
+                "depths": tree.depths,
+                "q": [float(x) for x in tree.probs],
+                "path_prob": [float(x) for x in tree.scores],
+                "status": ["accepted" if i in on_path else ("rejected" if i in tried else "unreached")
+                           for i in range(len(tree))],
+            },
+            "accepted_path": list(v.path),
+            "num_accepted": v.num_accepted,
+            "final_token_id": v.tokens[-1],
+            "final_text": tok(v.tokens[-1]),
+            "final_kind": v.final_kind,
+            "final_p": float(v.final_p),
+            "target_argmax_ids": list(v.target_argmax),
+            "target_argmax_texts": [tok(t) for t in v.target_argmax],
+            "trials": [{"node": node, "u": u, "p": p, "accepted": ok} for node, u, p, ok in v.trials],
+            "kv_moves": [list(m) for m in moves],
+            "emitted_token_ids": emitted,
+            "emitted_texts": [tok(t) for t in emitted],
+            "draft_seconds": rnd.draft_seconds,
+            "verify_seconds": verify_seconds,
+            "drafter_detail": dict(rnd.proposal.detail),
+        }
 
     # ---- trace --------------------------------------------------------------------------------
     def round_dict(self, seq: Sequence, rnd: SpecRound, v, start: int, emitted: list[int],

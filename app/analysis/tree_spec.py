@@ -1,0 +1,186 @@
+"""Tree speculation (Medusa, EAGLE) read from StepRecords: one round's draft tree as a networkx graph,
+its tree attention mask, accepted length over steps, the verification cost of a tree of N nodes
+measured on the live model, the training logs of the heads, and Medusa vs EAGLE vs plain on one
+scenario. Round format: "kind": "tree" rounds of the "spec" extra (engine/speculative/speculator.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import networkx as nx
+import torch
+
+from engine.forward_batch import build_forward_batch
+from engine.kv_pool import KVPool
+from engine.speculative.heads import HEADS_DIR
+from engine.speculative.tree import DraftTree
+from engine.trace import StepRecord
+from engine.weights import LoadedWeights
+
+from app.analysis.speculative import DrafterRun, run_variants
+from app.scenarios import Scenario
+
+ROOT = -1  # the root's node id in the graph (the request's last sampled token)
+FINAL = -2  # the token the round added after the accepted path (bonus or replacement)
+
+
+# ---- one round -----------------------------------------------------------------------------------
+
+def tree_rounds(record: StepRecord) -> list[dict[str, Any]]:
+    spec = record.extra("spec")
+    return [dict(r) for r in spec["rounds"] if r.get("kind") == "tree"] if spec else []
+
+
+def round_tree(r: dict[str, Any]) -> DraftTree:
+    t = r["tree"]
+    return DraftTree(tuple(t["token_ids"]), tuple(t["parents"]), tuple(t["q"]), tuple(t["path_prob"]))
+
+
+def draft_tree_graph(r: dict[str, Any]) -> nx.DiGraph:
+    """Root -> nodes (token text, q, path probability, depth, status, row in the verification pass),
+    plus the final token hanging under the last accepted node."""
+    t = r["tree"]
+    g = nx.DiGraph()
+    g.add_node(ROOT, text=r["root_text"], status="root", depth=0, q=1.0, path_prob=1.0, row=0)
+    for i, (text, parent) in enumerate(zip(t["texts"], t["parents"])):
+        g.add_node(i, text=text, status=t["status"][i], depth=t["depths"][i], q=t["q"][i],
+                   path_prob=t["path_prob"][i], row=i + 1, argmax=r["target_argmax_texts"][i + 1])
+        g.add_edge(parent if parent >= 0 else ROOT, i)
+    last = r["accepted_path"][-1] if r["accepted_path"] else ROOT
+    g.add_node(FINAL, text=r["final_text"], status=r["final_kind"], depth=len(r["accepted_path"]) + 1,
+               q=float("nan"), path_prob=float("nan"), row=-1, p=r["final_p"])
+    g.add_edge(last, FINAL)
+    return g
+
+
+def mask_labels(r: dict[str, Any]) -> list[str]:
+    t = r["tree"]
+    return [f"root {r['root_text']}"] + [f"n{i} {text} (d{d})" for i, (text, d) in
+                                          enumerate(zip(t["texts"], t["depths"]))]
+
+
+def round_sentence(r: dict[str, Any]) -> str:
+    n = len(r["tree"]["token_ids"])
+    a = r["num_accepted"]
+    depth = max(r["tree"]["depths"], default=0)
+    path = " ".join(f"`{r['tree']['texts'][i]}`" for i in r["accepted_path"]) or "nothing"
+    final = f"`{r['final_text']}`"
+    how = ("the bonus token " + final + " from the last accepted row" if r["final_kind"] == "bonus"
+           else final + (" drawn from what the rejected children left" if r["mode"] == "sampled"
+                         else " (the target's argmax, which no child had)"))
+    return (f"**{r['request_id']}** ({r['mode']}): a tree of **{n} nodes, depth {depth}** verified in one pass of "
+            f"{n + 1} rows. Accepted path: {path} ({a} token{'s' * (a != 1)}), then {how} → **{a + 1} tokens "
+            f"from one target pass**; {n - a} of the {n} node slots rolled back"
+            + (f", {len(r['kv_moves'])} accepted slot(s) moved next to the context." if r["kv_moves"] else "."))
+
+
+# ---- over steps ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TreePoint:
+    step: int
+    request_id: str
+    accepted: int  # drafts accepted in this round
+    nodes: int
+    depth: int
+    draft_seconds: float
+    verify_seconds: float
+
+    @property
+    def tokens(self) -> int:
+        return self.accepted + 1
+
+
+def tree_series(records: list[StepRecord]) -> list[TreePoint]:
+    return [TreePoint(rec.step, r["request_id"], int(r["num_accepted"]), len(r["tree"]["token_ids"]),
+                      max(r["tree"]["depths"], default=0), float(r["draft_seconds"]), float(r["verify_seconds"]))
+            for rec in records for r in tree_rounds(rec)]
+
+
+def mean_tokens_per_round(points: list[TreePoint]) -> float | None:
+    return sum(p.tokens for p in points) / len(points) if points else None
+
+
+# ---- knobs and their cost ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class VerifyCost:
+    nodes: int
+    seconds: float  # median of the repeats: one target pass of 1 + nodes rows over the context
+
+
+def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (0, 4, 8, 16, 32, 64),
+                      repeats: int = 3) -> list[VerifyCost]:
+    """Time one target pass verifying a tree of N nodes (a root with N children in a chain-of-stars shape
+    does not matter for cost: rows and mask size do) after `context_len` cached tokens, on the engine's
+    model and device, in a scratch KV pool (the engine's own pool and requests are untouched)."""
+    cfg, bs = engine.model_config, engine.config.block_size
+    n_max = context_len + max(sizes) + 1
+    blocks = (n_max + bs - 1) // bs
+    pool = KVPool(cfg, blocks, bs, engine.dtype, engine.device)
+    table = list(range(blocks))
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(10, cfg.vocab_size, (context_len,), generator=gen).tolist()
+    with torch.inference_mode():
+        engine.model.forward(build_forward_batch([(ctx, 0, list(range(context_len)))], [], [], engine.device), pool)
+        out = []
+        for n in sizes:
+            toks = torch.randint(10, cfg.vocab_size, (n + 1,), generator=gen).tolist()
+            parents = tuple(-1 if i < 4 else (i - 4) for i in range(n))  # four branches deepening in turn
+            tree = DraftTree(tuple(toks[1:]), parents, (1.0,) * n, (1.0,) * n)
+            trees = {0: ([0] + tree.depths, tree.mask())} if n else None
+            batch = build_forward_batch([], [(toks, context_len, list(range(context_len, context_len + n + 1)), table)],
+                                        list(range(n + 1)), engine.device, trees)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                engine.model.forward(batch, pool)
+                if engine.device.type == "cuda":
+                    torch.cuda.synchronize(engine.device)
+                times.append(time.perf_counter() - t0)
+            engine.kernels.timer.drain()
+            out.append(VerifyCost(n, sorted(times)[len(times) // 2]))
+    return out
+
+
+# ---- how the heads were trained ------------------------------------------------------------------
+
+def training_log(name: str, directory: Path = HEADS_DIR) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / f"{name}.log.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
+    log = training_log(name, directory)
+    if not log:
+        return f"No training log for {name} (train it with `python -m training.train_{name}`)."
+    d, s = log["data"], log["summary"]
+    acc = {k: v for k, v in s.items() if k.startswith("held_out_top1") or k == "held_out_agree_top1"}
+    acc_text = ", ".join(f"{k.removeprefix('held_out_')} {v:.0%}" for k, v in acc.items())
+    steps = s.get("steps_total", s["steps"])
+    tokens = s.get("tokens_seen_total", s["tokens_seen"])
+    minutes = s.get("train_minutes_total", s["train_minutes"])
+    resumed = " (in two runs, the second resumed from the first with more data)" if "steps_total" in s else ""
+    return (f"Self-distilled on **{d['conversations']} conversations** the model answered itself ({d['prompt_tokens']:,} "
+            f"prompt + {d['generated_tokens']:,} generated tokens, {d['decoding']}): **{steps} optimiser steps**, "
+            f"{tokens:,} tokens seen, {minutes} min on this CPU{resumed}. Held-out "
+            f"({d.get('held_out_conversations', '?')} conversations) top-1 agreement with the target: {acc_text}.")
+
+
+# ---- Medusa vs EAGLE vs plain on one scenario -----------------------------------------------------
+
+TREE_LABELS = {"plain": "plain decoding", "medusa": "Medusa heads", "eagle": "EAGLE layer"}
+
+
+def compare_tree_drafters(scenario: Scenario, weights: LoadedWeights, server: dict[str, str], max_steps: int = 400,
+                          on_progress: Callable[[int], None] | None = None) -> dict[str, DrafterRun]:
+    variants = {"plain": scenario.with_engine(spec_drafter="none"),
+                "medusa": scenario.with_engine(spec_drafter="medusa", spec_gamma=1),
+                "eagle": scenario.with_engine(spec_drafter="eagle", spec_gamma=1)}
+    return run_variants(variants, weights, server, 1, max_steps, on_progress)

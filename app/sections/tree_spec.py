@@ -1,0 +1,224 @@
+"""Sections of the Medusa and EAGLE page (pages/08_medusa_eagle.py composes them)."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.trace import StepRecord
+
+from app.analysis.speculative import load_bench, speedup_vs_plain
+from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tokens_per_round, round_sentence,
+                                    training_summary, tree_rounds, tree_series, verify_cost_sweep)
+from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
+                                   tree_mask_figure, verify_cost_figure)
+from app.runtime import server_engine_settings, shared_weights
+from app.session import EngineSession
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
+from app.widgets.decoding_mode import DECODING_MODES, apply_decoding_mode, default_mode_index
+from app.widgets.explain import explanation
+from app.widgets.request_editor import load_scenario
+from app.widgets.request_table import request_state_table
+
+TREE_DRAFTERS = ("eagle", "medusa")
+
+
+def tree_explanation() -> None:
+    explanation(
+        "Tree speculation: Medusa (Cai et al. 2024) and EAGLE (Li et al. 2024)",
+        [r"\text{Medusa head } k:\ \ h^{(k)}_t = h_t + \operatorname{SiLU}(W_k h_t + b_k)",
+         r"x_{t+2+k} \sim \operatorname{softmax}(W_{\text{LM}}\, h^{(k)}_t)",
+         r"\text{EAGLE:}\ \ \hat f_{t+1} = \operatorname{Layer}\big(\operatorname{fc}[f_t;\, e(x_{t+1})]\big)",
+         r"x_{t+2} \sim \operatorname{softmax}(W_{\text{LM}}\, \hat f_{t+1})",
+         r"\text{mask}_{ij} = 1 \iff j = i \text{ or } j \text{ is an ancestor of } i",
+         r"\text{position}(i) = \text{start} + \text{depth}(i)",
+         r"\tau = \text{tokens per target pass} = \text{accepted path} + 1"],
+        ["Both drafters read the target's **own hidden state** (its final-normed feature), so they cost a "
+         "sliver of a pass. Medusa: K independent heads, each guessing one position further; a **static** tree "
+         "of their top-k combinations. EAGLE: one decoder layer run autoregressively on its own predicted "
+         "features, expanding the likeliest nodes (a **dynamic** tree, EAGLE-2 style).",
+         "The whole tree goes through **one** target pass: siblings share a position but each row sees only "
+         "its ancestors (the mask on the right). Greedy: follow the child that equals the target's argmax, "
+         "**green**; checked children that did not match are **red**, branches never reached **grey**.",
+         "The round adds the accepted path plus one token of the target's own (◆): τ tokens for one pass.",
+         "KV: every node was written to its own slot; the accepted path's slots are **moved** next to the "
+         "context and all the rest rolled back, so the block table looks as if plain decoding had run.",
+         "Bigger trees raise τ but the verification pass grows with the rows (the cost chart below)."],
+        note="The heads were trained here, on the CPU, by self-distillation: see 'How the heads were trained'.",
+    )
+
+
+# ---- controls ------------------------------------------------------------------------------------
+
+def tree_controls(session: EngineSession, page: str) -> None:
+    cfg = session.scenario.engine_config()
+    with st.form(key=f"{page}-tree-form", border=True):
+        c = st.columns([1.4, 1.1, 1.1, 1.1, 1.7, 1.3], vertical_alignment="bottom")
+        options = list(TREE_DRAFTERS) + ["none"]
+        current = cfg.spec_drafter if cfg.spec_drafter in options else "eagle"
+        drafter = c[0].selectbox("Drafter", options, index=options.index(current),
+                                 format_func=lambda d: TREE_LABELS.get(d, "none (plain decoding)"),
+                                 key=f"{page}-tree-drafter")
+        nodes = c[1].slider("Tree nodes", 1, 64, min(cfg.spec_tree_nodes, 64), key=f"{page}-tree-nodes",
+                            help="node budget: the likeliest nodes are kept (rows verified = nodes + 1)")
+        depth = c[2].slider("Depth (EAGLE)", 1, 8, min(cfg.spec_tree_depth, 8), key=f"{page}-tree-depth")
+        topk = c[3].slider("Top-k", 1, 8, min(cfg.spec_tree_topk, 8), key=f"{page}-tree-topk",
+                           help="EAGLE: nodes expanded per depth and children per node; Medusa: ranks of each "
+                                "head the static tree may use")
+        mode = c[4].selectbox("Decoding (all requests)", DECODING_MODES, index=default_mode_index(session.scenario),
+                              key=f"{page}-tree-mode")
+        applied = c[5].form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
+    if applied:
+        scenario = session.scenario.with_engine(spec_drafter=drafter, spec_gamma=1, spec_tree_nodes=int(nodes),
+                                                spec_tree_depth=int(depth), spec_tree_topk=int(topk))
+        scenario = apply_decoding_mode(scenario, mode)
+        if load_scenario(session, page, scenario):
+            st.rerun()
+
+
+# ---- the selected step ---------------------------------------------------------------------------
+
+def tree_step_section(session: EngineSession, record: StepRecord, history: list[StepRecord], page: str) -> None:
+    cfg = session.engine.config if session.engine else session.scenario.engine_config()
+    points = tree_series(history)
+    m = st.columns(5)
+    m[0].metric("Drafter", TREE_LABELS.get(cfg.spec_drafter, cfg.spec_drafter),
+                help=f"{cfg.spec_tree_nodes} nodes" + (f", depth {cfg.spec_tree_depth}, top-{cfg.spec_tree_topk}"
+                                                        if cfg.spec_drafter == "eagle" else
+                                                        f", top-{cfg.spec_tree_topk} per head"))
+    tau = mean_tokens_per_round(points)
+    m[1].metric("τ so far", f"{tau:.2f}" if tau else "–", help="mean tokens per verification pass (accepted + 1)")
+    m[2].metric("Rounds", len(points))
+    tot_d = sum(p.draft_seconds for p in points)
+    tot_v = sum(p.verify_seconds for p in points)
+    m[3].metric("Draft / verify time", f"{tot_d * 1e3:.0f} / {tot_v * 1e3:.0f} ms", help="summed over rounds so far")
+    rounds = tree_rounds(record)
+    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}")
+    if cfg.spec_drafter not in TREE_DRAFTERS:
+        st.info("Plain decoding or a chain drafter: pick Medusa or EAGLE above to see draft trees.",
+                icon=":material/info:")
+    shown = record.step
+    if not rounds:
+        for earlier in reversed(history[:-1]):
+            rounds = tree_rounds(earlier)
+            if rounds:
+                shown = earlier.step
+                st.caption(f"No tree verified in step {record.step}; below is the latest one, from step {shown}.")
+                break
+    if not rounds:
+        st.caption("No tree yet: the first step is the prompt's prefill. Step on.")
+        show_figure(tokens_per_round_figure(points, record.step, len(history)), key=f"{page}-tau", height=340)
+    else:
+        ids = [r["request_id"] for r in rounds]
+        key = f"{page}-tree-pick"
+        if len(ids) > 1:
+            if st.session_state.get(key) not in ids:
+                st.session_state[key] = ids[0]
+            st.radio("Tree of request", ids, horizontal=True, key=key)
+            chosen = next(r for r in rounds if r["request_id"] == st.session_state[key])
+        else:
+            chosen = rounds[0]
+        st.markdown(round_sentence(chosen))
+        show_figure(draft_tree_figure(chosen, f"Step {shown} · {chosen['request_id']}: the draft tree at position "
+                                              f"{chosen['position']} ({chosen['mode']})"),
+                    key=f"{page}-tree", height=tree_height(chosen), export_width=1400)
+        left, right = st.columns([1, 1.25])
+        with left:
+            show_figure(tree_mask_figure(chosen), key=f"{page}-mask", height=470, export_width=800)
+        with right:
+            show_figure(tokens_per_round_figure(points, record.step, len(history)), key=f"{page}-tau", height=470)
+    with st.expander("Requests at this step", expanded=False):
+        request_state_table(record)
+
+
+# ---- knobs and their cost ------------------------------------------------------------------------
+
+def _bench_taus() -> dict[str, list[tuple[int, float]]]:
+    bench = load_bench() or {}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in bench.get("rows", []):
+        if r["drafter"] in TREE_DRAFTERS and r["workload"] == "unseen":
+            out.setdefault(f"{TREE_LABELS[r['drafter']]} (unseen prompts)", []).append((r["gamma"], r["tokens_per_pass"]))
+    return out
+
+
+def cost_section(session: EngineSession, page: str) -> None:
+    st.subheader("Tree size vs verification cost")
+    st.markdown("A bigger tree catches more continuations, but every node is one more row in the target pass. "
+                "This measures one verification pass over a 128-token context on **this server's model** for "
+                "trees of 0 (plain decode) to 64 nodes; the right panel is τ from the benchmark.")
+    cache = page_cache(page)
+    if st.button("Measure verification cost", icon=":material/timer:", key=f"{page}-cost"):
+        if session.engine is None:
+            st.error("No engine: fix the settings above first.")
+        else:
+            with st.spinner("Timing target passes with 0–64 tree rows…"):
+                cache["cost"] = verify_cost_sweep(session.engine)
+    costs = cache.get("cost")
+    if costs:
+        show_figure(verify_cost_figure(costs, taus=_bench_taus() or None), key=f"{page}-cost-fig", height=400)
+        c64 = next((c for c in costs if c.nodes == 64), costs[-1])
+        st.caption(f"{c64.nodes} nodes cost {c64.seconds / costs[0].seconds:.2f}× a 1-row decode pass here "
+                   f"({costs[0].seconds * 1e3:.0f} → {c64.seconds * 1e3:.0f} ms): decode reads all the weights "
+                   "whatever the row count, so extra rows are cheap until the matmuls become compute-bound.")
+    else:
+        st.caption("Press **Measure verification cost** (a few seconds on the CPU).")
+
+
+def bench_section() -> None:
+    bench = load_bench()
+    with st.expander(":material/table_chart: The CPU benchmark: every drafter on the same prompts "
+                     "(bench/results/spec_cpu.json)", expanded=True):
+        if not bench or not any(r["drafter"] in TREE_DRAFTERS for r in bench.get("rows", [])):
+            st.caption("No tree rows in the benchmark file yet: run `OMP_NUM_THREADS=1 python bench/spec.py`.")
+            return
+        rows = []
+        for r in bench["rows"]:
+            if r["drafter"] == "plain":
+                continue
+            tree = r["drafter"] in TREE_DRAFTERS
+            rows.append({"workload": r["workload"], "drafter": TREE_LABELS.get(r["drafter"], r["drafter"]),
+                         "γ or nodes": f"{r['gamma']} nodes" if tree else f"γ = {r['gamma']}",
+                         "tokens per pass (τ)": r["tokens_per_pass"], "speedup": r["speedup"],
+                         "same tokens as plain": r["identical_to_plain"]})
+        st.caption(f"`{bench.get('command')}` · greedy, batch 1, {bench.get('max_tokens')} new tokens per prompt; "
+                   "'unseen' prompts are on topics the heads were not trained on.")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+            c: st.column_config.NumberColumn(c, format="%.2f") for c in ("tokens per pass (τ)", "speedup")})
+
+
+def training_section() -> None:
+    with st.expander(":material/model_training: How the heads were trained", expanded=False):
+        for name, title in (("medusa", "Medusa heads"), ("eagle", "EAGLE layer"), ("draft_model", "Draft model")):
+            st.markdown(f"**{title}** · {training_summary(name)}")
+        st.caption("Data: `python -m training.generate_data` (the model answers 480 templated prompts greedily, "
+                   "then one prefill pass records its hidden state at every position); scripts and logs: "
+                   "`training/`, `engine/assets/spec_heads/*.log.json`.")
+
+
+def compare_section(session: EngineSession, page: str) -> None:
+    st.subheader("Medusa vs EAGLE on the same requests")
+    cfg = session.scenario.engine_config()
+    st.markdown(f"Three fresh engines run this scenario to the end: **plain decoding**, **Medusa** and **EAGLE**, "
+                f"each tree with the knobs above ({cfg.spec_tree_nodes} nodes).")
+    runs = comparison_runner(
+        session, page, button_label="Run all three", button_key=f"{page}-compare",
+        progress_text="Running plain, Medusa and EAGLE…", step_text="Running all three… round {n}",
+        expected_steps=40, hint="Press **Run all three** (about 30–90 s on the CPU).",
+        run=lambda on_progress: compare_tree_drafters(session.scenario, shared_weights(), server_engine_settings(),
+                                                      on_progress=on_progress),
+        errors_of=lambda runs: (f"{r.label}: {e.message}" for r in runs.values() for e in r.errors))
+    if runs is None:
+        return
+    cols = st.columns(len(runs))
+    plain_texts = dict(runs["plain"].texts)
+    for col, (k, r) in zip(cols, runs.items()):
+        sp = speedup_vs_plain(runs, k)
+        col.metric(r.label, f"{sp:.2f}×" if sp else "–", delta=f"{r.tokens_per_pass:.2f} tok/pass",
+                   delta_color="off")
+        if k != "plain":
+            greedy = all(s.temperature == 0 for s in session.scenario.requests)
+            col.caption(("same text as plain decoding ✓" if dict(r.texts) == plain_texts else "text differs from plain")
+                        + ("" if greedy else " (sampled: same distribution, not the same draws)"))
+    show_figure(tree_compare_figure(runs), key=f"{page}-compare-bars", height=380)

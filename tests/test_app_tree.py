@@ -1,0 +1,116 @@
+"""The Medusa and EAGLE page under AppTest, and the record-only analysis and charts behind it.
+
+Random weights keep these independent of the GGUF (the committed heads load on any weights of this
+architecture; on random weights they rarely agree, which is fine for drawing and bookkeeping).
+"""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.analysis.tree_spec import (FINAL, ROOT, compare_tree_drafters, draft_tree_graph, mask_labels,
+                                    mean_tokens_per_round, round_sentence, training_summary, tree_rounds, tree_series,
+                                    verify_cost_sweep)
+from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_mask_figure,
+                                   verify_cost_figure)
+from app.registry import PAGES
+from app.scenario_library import TREE_SPEC
+from app.scenarios import RequestSpec, scenario_from_json
+from app.session import EngineSession
+from engine.speculative.heads import head_available
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+
+PAGE_FILE = "08_medusa_eagle.py"
+SERVER = {"device": "cpu", "dtype": "float32", "weights": "random"}
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (head_available("medusa") and head_available("eagle")),
+                                                    reason="trained heads missing")]
+
+
+def _round() -> dict:
+    """A greedy tree round as the engine writes it: root 'The', a 5-node tree, path n0 -> n3, bonus 'sea'."""
+    return {"request_id": "r0", "seq_id": 0, "mode": "greedy", "kind": "tree", "gamma": 1, "num_drafted": 5,
+            "position": 10, "root_token_id": 1, "root_text": "The",
+            "tree": {"token_ids": [11, 12, 13, 14, 15], "texts": ["␣blue", "␣red", "␣old", "␣whale", "␣man"],
+                     "parents": [-1, -1, -1, 0, 1], "depths": [1, 1, 1, 2, 2], "q": [0.5, 0.2, 0.1, 0.7, 0.9],
+                     "path_prob": [0.5, 0.2, 0.1, 0.35, 0.18],
+                     "status": ["accepted", "rejected", "rejected", "accepted", "unreached"]},
+            "accepted_path": [0, 3], "num_accepted": 2, "final_token_id": 16, "final_text": "␣sea",
+            "final_kind": "bonus", "final_p": 0.8, "target_argmax_ids": [11, 14, 1, 1, 16, 1],
+            "target_argmax_texts": ["␣blue", "␣whale", "x", "x", "␣sea", "x"], "trials": [],
+            "kv_moves": [[14, 12]], "emitted_token_ids": [11, 14, 16], "emitted_texts": ["␣blue", "␣whale", "␣sea"],
+            "draft_seconds": 0.01, "verify_seconds": 0.1, "drafter_detail": {"tree": "dynamic"}}
+
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.title == "Medusa and EAGLE")
+    assert spec.available and spec.url_path == "medusa-eagle"
+
+
+@pytest.mark.parametrize("scenario", TREE_SPEC, ids=lambda s: s.name)
+def test_scenarios_round_trip(scenario) -> None:  # noqa: ANN001
+    assert scenario_from_json(scenario.to_json()) == scenario
+    assert scenario.engine_config(**SERVER).spec_drafter in ("medusa", "eagle")
+
+
+def test_tree_graph_mask_and_sentence() -> None:
+    r = _round()
+    g = draft_tree_graph(r)
+    assert g.number_of_nodes() == 5 + 2 and set(g.successors(ROOT)) == {0, 1, 2}
+    assert list(g.predecessors(FINAL)) == [3]  # the bonus hangs under the last accepted node
+    assert g.nodes[3]["status"] == "accepted" and g.nodes[4]["status"] == "unreached"
+    assert mask_labels(r)[0].startswith("root") and len(mask_labels(r)) == 6
+    z = tree_mask_figure(r).data[0].z
+    assert z[4][1] == 2 and z[4][0] == 2 and z[5][2] == 1 and z[5][1] == 0  # path rows green; n4 sees n1 only
+    assert "5 nodes" in round_sentence(r) and "3 tokens" in round_sentence(r)
+    fig = draft_tree_figure(r)
+    assert {t.name for t in fig.data if t.name} >= {"accepted (on the kept path)", "checked and rejected"}
+
+
+def test_session_series_cost_and_compare(random_weights) -> None:  # noqa: ANN001
+    s = EngineSession.create(TREE_SPEC[0].with_requests([RequestSpec("Tell me about the sea.", max_tokens=10,
+                                                                      ignore_eos=True)]), random_weights, SERVER)
+    s.run(100)
+    assert not s.errors, s.errors
+    rounds = [r for rec in s.records for r in tree_rounds(rec)]
+    assert rounds
+    pts = tree_series(s.records)
+    assert len(pts) == len(rounds) and mean_tokens_per_round(pts) >= 1.0
+    assert len(tokens_per_round_figure(pts, 2, len(s.records)).data) >= 2
+    for r in rounds[:3]:
+        assert draft_tree_figure(r).data and tree_mask_figure(r).data
+    costs = verify_cost_sweep(s.engine, context_len=32, sizes=(0, 8), repeats=1)
+    assert [c.nodes for c in costs] == [0, 8] and all(c.seconds > 0 for c in costs)
+    assert verify_cost_figure(costs).data
+    runs = compare_tree_drafters(TREE_SPEC[0].with_requests([RequestSpec("Hello there", max_tokens=6,
+                                                                         ignore_eos=True)]), random_weights, SERVER)
+    assert set(runs) == {"plain", "medusa", "eagle"} and not any(r.errors for r in runs.values())
+    plain = dict(runs["plain"].texts)
+    assert dict(runs["medusa"].texts) == plain and dict(runs["eagle"].texts) == plain
+    assert len(tree_compare_figure(runs).data) == 2
+    assert "conversations" in training_summary("eagle")
+
+
+def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE_FILE)
+    assert_clean(at)
+    for _ in range(3):
+        at.button(key="tree-btn-step").click().run()
+        assert_clean(at)
+    session = at.session_state["engine-session:tree"]
+    assert [r.step for r in session.records] == [0, 1, 2]
+    assert any(m.label == "τ so far" for m in at.metric)
+    at.slider(key="tree-scrub").set_value(0).run()
+    assert_clean(at)
+    at.selectbox(key="tree-tree-drafter").set_value("medusa")
+    at.slider(key="tree-tree-nodes").set_value(8)
+    at.button(key="FormSubmitter:tree-tree-form-Apply and restart").click().run()
+    assert_clean(at)
+    session = at.session_state["engine-session:tree"]
+    assert session.engine.config.spec_drafter == "medusa" and session.engine.config.spec_tree_nodes == 8
+    for _ in range(2):
+        at.button(key="tree-btn-step").click().run()
+    assert_clean(at)
+    at.button(key="tree-cost").click().run()
+    assert_clean(at)
+    assert at.session_state["page-cache:tree"]["cost"]

@@ -1,0 +1,77 @@
+"""Train Medusa heads by self-distillation: head k on the target's feature at t learns the token the
+target itself chose at t + 2 + k (greedy data, so that is the target's argmax there).
+
+`python -m training.train_medusa [--heads 4] [--epochs 2] [--minutes 20]`
+Writes engine/assets/spec_heads/medusa.safetensors (fp16) and medusa.log.json.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from engine.speculative.heads import HEADS_DIR, MedusaHeads, save_head
+from training.common import Conversation, TrainLog, frozen_embedding, load_data, mixed_precision, train_loop
+
+
+def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features at t, token at t + 2 + k) for every t whose label is an answer token."""
+    feats, labels = [], []
+    for c in convs:
+        n = len(c.tokens)
+        first = max(0, c.prompt_len - 2 - k)  # label index t + 2 + k >= prompt_len
+        if n - 2 - k <= first:
+            continue
+        feats.append(c.features[first:n - 2 - k])
+        labels.append(c.tokens[first + 2 + k:n])
+    return torch.cat(feats), torch.cat(labels)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass (about 2x faster)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    data = load_data()
+    embed, weights = frozen_embedding()
+    heads = MedusaHeads(weights.config, args.heads)
+    decay = [0.8 ** k for k in range(args.heads)]  # Medusa's per-head weights: later heads matter less
+
+    def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:
+        total = torch.zeros(())
+        stats = {}
+        for k in range(args.heads):
+            f, y = head_rows(group, k)
+            with mixed_precision(args.bf16):
+                logits = heads.forward(f)[k] @ embed.T
+            loss = F.cross_entropy(logits.float(), y)
+            total = total + decay[k] * loss
+            stats[f"acc{k}"] = float((logits.argmax(-1) == y).float().mean())
+        return total, stats
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        out = {}
+        for k in range(args.heads):
+            f, y = head_rows(data.held_out, k)
+            logits = heads.forward(f)[k] @ embed.T
+            top = logits.topk(3, dim=-1).indices
+            out[f"top1_head{k}"] = float((top[:, 0] == y).float().mean())
+            out[f"top3_head{k}"] = float((top == y[:, None]).any(-1).float().mean())
+        return out
+
+    log = TrainLog("medusa", vars(args), data.meta)
+    summary = train_loop(list(heads.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
+                         batch_tokens=args.batch_tokens, minutes=args.minutes)
+    meta = {"num_heads": args.heads, "trained_on": data.meta, **summary}
+    print(save_head(heads, "medusa", meta), log.write(HEADS_DIR, summary))
+
+
+if __name__ == "__main__":
+    main()

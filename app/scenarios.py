@@ -18,6 +18,7 @@ ENGINE_KEYS: tuple[str, ...] = (
     "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "policy",
     "chunked_prefill", "enable_prefix_cache", "kernel_backend", "cuda_graphs", "seed",
     "spec_drafter", "spec_gamma", "spec_draft_layers", "spec_tree_nodes", "spec_tree_depth", "spec_tree_topk",
+    "spec_draft_vocab",
 )
 MAX_UPLOAD_BYTES = 256 * 1024
 MAX_REQUESTS = 64
@@ -93,7 +94,7 @@ _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "max_model_len": (int,), "policy": (str,), "chunked_prefill": (bool,), "enable_prefix_cache": (bool,),
     "kernel_backend": (str,), "cuda_graphs": (bool,), "seed": (int,),
     "spec_drafter": (str,), "spec_gamma": (int,), "spec_draft_layers": (int,),
-    "spec_tree_nodes": (int,), "spec_tree_depth": (int,), "spec_tree_topk": (int,),
+    "spec_tree_nodes": (int,), "spec_tree_depth": (int,), "spec_tree_topk": (int,), "spec_draft_vocab": (int,),
 }
 
 

@@ -1,5 +1,10 @@
 """Speculative decoding on the CPU: acceptance, tokens per target pass and speedup, per drafter and gamma.
 
+Drafters: prompt lookup (ngram), early exit, the distilled draft model (chains, swept over gamma) and
+Medusa / EAGLE (trees, swept over the node budget: the `g` column shows the budget for them, and
+tok/pass = tau, the mean accepted path + 1 per verification pass). A third workload, "unseen", asks
+about topics that are not in training/prompts.py (the heads' training data).
+
 One request at a time (speculation buys latency when a pass is bound by reading the weights, not by
 compute: batch 1 is where it matters), greedy, so every configuration emits exactly the same tokens
 and only the time differs. Two workloads: "copy" (summarise / correct a given text: prompt lookup shines)
@@ -16,7 +21,9 @@ cost per drafted token / plain decode cost per token; v = mean target-pass cost 
 cost (the closed form assumes v = 1); predicted = (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1));
 pred(v) = the same with g c + v in the denominator (the verification pass priced as measured).
 
-    OMP_NUM_THREADS=1 python bench/spec.py --repeats 2        # both workloads, gamma 1..5 (~50 min on 2 busy cores)
+    OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes 8 24 48 --max-tokens 48 \
+        --out bench/results/spec_cpu_all_drafters.json                                  # every drafter
+    OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram early_exit   # gamma 1..5 (~50 min)
     python bench/spec.py --gammas 2 4 --max-tokens 48 --drafters ngram
 """
 from __future__ import annotations
@@ -68,7 +75,8 @@ CHAIN_DRAFTERS = ("ngram", "early_exit", "draft_model")
 def _engine(weights, drafter: str, args, nodes: int = 24) -> LLMEngine:
     cfg = EngineConfig(num_blocks=64, max_model_len=1024, profile_kernels=False, trace_detail="light",
                        spec_drafter=drafter, spec_draft_layers=args.draft_layers, spec_gamma=0,
-                       spec_tree_nodes=nodes, spec_tree_depth=args.tree_depth, spec_tree_topk=args.tree_topk)
+                       spec_tree_nodes=nodes, spec_tree_depth=args.tree_depth, spec_tree_topk=args.tree_topk,
+                       spec_draft_vocab=args.draft_vocab)
     engine = LLMEngine(cfg, weights)
     engine.generate("Warm up.", SamplingParams(max_tokens=4))
     return engine
@@ -110,6 +118,8 @@ def main() -> None:
                     help="tree drafters: node budgets to run (they take the place of gamma)")
     ap.add_argument("--tree-depth", type=int, default=5, help="EAGLE: tree depth")
     ap.add_argument("--tree-topk", type=int, default=4, help="EAGLE: top-k per expansion; Medusa: ranks per head")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="trained drafters' LM head: the N most frequent tokens (0 = all 49152)")
     ap.add_argument("--draft-layers", type=int, default=16, help="early-exit drafter: layers of the 30 it runs")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -211,7 +221,7 @@ def main() -> None:
         device="cpu", threads=args.threads, omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         torch=torch.__version__, model="SmolLM2-135M-Instruct fp32", max_tokens=args.max_tokens,
         draft_layers=args.draft_layers, gammas=args.gammas, tree_nodes=args.tree_nodes,
-        tree_depth=args.tree_depth, tree_topk=args.tree_topk, workloads={k: len(v) for k, v in WORKLOADS.items()},
+        tree_depth=args.tree_depth, tree_topk=args.tree_topk, draft_vocab=args.draft_vocab, workloads={k: len(v) for k, v in WORKLOADS.items()},
         repeats=args.repeats, command=" ".join(["python"] + sys.argv), rows=rows), indent=2))
     print(f"wrote {out}")
 

@@ -81,6 +81,9 @@ class EngineConfig:
     spec_tree_nodes: int = 24
     spec_tree_depth: int = 5
     spec_tree_topk: int = 4
+    # Trained drafters (draft model, Medusa, EAGLE) draft over the N most frequent answer tokens
+    # (engine/speculative/draft_vocab.py); 0 = the full vocabulary. Verification is always full.
+    spec_draft_vocab: int = 8192
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -93,6 +96,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.kernel_backend must be auto/triton/torch, got {self.kernel_backend!r}")
         if self.spec_drafter not in DRAFTERS:
             raise ValueError(f"EngineConfig.spec_drafter must be one of {'/'.join(DRAFTERS)}, got {self.spec_drafter!r}")
+        if not 0 <= self.spec_draft_vocab <= 1 << 20:
+            raise ValueError(f"EngineConfig.spec_draft_vocab must be >= 0, got {self.spec_draft_vocab}")
         if not 1 <= self.spec_tree_nodes <= 128 or not 1 <= self.spec_tree_depth <= 16 or not 1 <= self.spec_tree_topk <= 16:
             raise ValueError("EngineConfig tree knobs: spec_tree_nodes in [1, 128], spec_tree_depth and "
                              f"spec_tree_topk in [1, 16]; got {self.spec_tree_nodes}, {self.spec_tree_depth}, "

@@ -125,3 +125,25 @@ def test_medusa_static_tree_is_best_first_and_parent_closed():
     assert all(p[:-1] in paths for p in paths if len(p) > 1)
     assert [len(p) for p in paths] == sorted(len(p) for p in paths)  # parents first
     assert (0, 0) in paths  # 0.6 * 0.4 beats head 0's third rank (0.1)
+
+
+def test_draft_vocabulary_head_only_proposes_its_tokens():
+    from engine.speculative.draft_vocab import VOCAB_FILE, DraftLMHead
+
+    if not VOCAB_FILE.exists():
+        pytest.skip("draft vocabulary not built (python -m training.draft_vocab)")
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(49152, 16, generator=g)
+    head = DraftLMHead(embed, 512)
+    assert head.size == 512 and head.ids is not None
+    hidden = torch.randn(3, 16, generator=g)
+    probs = head.probs(hidden)
+    assert probs.shape == (3, 49152)
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+    outside = torch.ones(49152, dtype=torch.bool)
+    outside[head.ids] = False
+    assert float(probs[:, outside].abs().max()) == 0.0
+    # On its own tokens it agrees with the full head's logits.
+    full = hidden @ embed.T
+    assert torch.allclose(head.logits(hidden)[:, head.ids], full[:, head.ids], atol=1e-5)
+    assert DraftLMHead(embed, 0).size == 49152  # 0 = the full vocabulary

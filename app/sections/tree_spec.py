@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import load_bench, speedup_vs_plain
+from app.analysis.speculative import BENCH_PATH, load_bench, speedup_vs_plain
 from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tokens_per_round, round_sentence,
                                     training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
@@ -22,6 +22,8 @@ from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
 
 TREE_DRAFTERS = ("eagle", "medusa")
+# Every drafter on the same prompts (bench/spec.py with tree node budgets); page 07 reads spec_cpu.json.
+ALL_DRAFTERS_BENCH = BENCH_PATH.with_name("spec_cpu_all_drafters.json")
 
 
 def tree_explanation() -> None:
@@ -135,7 +137,7 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
 # ---- knobs and their cost ------------------------------------------------------------------------
 
 def _bench_taus() -> dict[str, list[tuple[int, float]]]:
-    bench = load_bench() or {}
+    bench = load_bench(ALL_DRAFTERS_BENCH) or {}
     out: dict[str, list[tuple[int, float]]] = {}
     for r in bench.get("rows", []):
         if r["drafter"] in TREE_DRAFTERS and r["workload"] == "unseen":
@@ -167,11 +169,12 @@ def cost_section(session: EngineSession, page: str) -> None:
 
 
 def bench_section() -> None:
-    bench = load_bench()
+    bench = load_bench(ALL_DRAFTERS_BENCH)
     with st.expander(":material/table_chart: The CPU benchmark: every drafter on the same prompts "
-                     "(bench/results/spec_cpu.json)", expanded=True):
+                     f"(bench/results/{ALL_DRAFTERS_BENCH.name})", expanded=True):
         if not bench or not any(r["drafter"] in TREE_DRAFTERS for r in bench.get("rows", [])):
-            st.caption("No tree rows in the benchmark file yet: run `OMP_NUM_THREADS=1 python bench/spec.py`.")
+            st.caption("No benchmark file yet: run `OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes "
+                       f"8 24 48 --max-tokens 48 --out bench/results/{ALL_DRAFTERS_BENCH.name}`.")
             return
         rows = []
         for r in bench["rows"]:
@@ -192,9 +195,11 @@ def training_section() -> None:
     with st.expander(":material/model_training: How the heads were trained", expanded=False):
         for name, title in (("medusa", "Medusa heads"), ("eagle", "EAGLE layer"), ("draft_model", "Draft model")):
             st.markdown(f"**{title}** · {training_summary(name)}")
-        st.caption("Data: `python -m training.generate_data` (the model answers 480 templated prompts greedily, "
+        st.caption("Data: `python -m training.generate_data` (the model answers 756 templated prompts greedily, "
                    "then one prefill pass records its hidden state at every position); scripts and logs: "
-                   "`training/`, `engine/assets/spec_heads/*.log.json`.")
+                   "`training/`, `engine/assets/spec_heads/*.log.json`. Drafting uses the 8192 most frequent "
+                   "answer tokens as its LM head (`training/draft_vocab.py`): a full 49152-row head costs a "
+                   "quarter of a target pass per row on the CPU. Verification always uses the full vocabulary.")
 
 
 def compare_section(session: EngineSession, page: str) -> None:

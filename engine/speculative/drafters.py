@@ -161,7 +161,7 @@ class EarlyExitDrafter(Drafter):
                 pos = seq.num_computed_tokens + j  # slots reserved by the scheduler for this round
                 paged.append(([last[i]], pos, [bm.slot(seq.seq_id, pos)], bm.tables[seq.seq_id]))
             batch = build_forward_batch([], paged, list(range(len(active))), eng.device)
-            logits = model.forward(batch, pool, num_layers=self.num_layers).float()
+            logits = self._draft_logits(batch)
             greedy_rows = logits.argmax(-1).tolist()
             soft = None
             for r, i in enumerate(active):
@@ -184,6 +184,9 @@ class EarlyExitDrafter(Drafter):
                 props[i].q_probs = torch.stack(rows)
         return props
 
+    def _draft_logits(self, batch) -> torch.Tensor:  # noqa: ANN001 (ForwardBatch)
+        return self.model.forward(batch, self.pool, num_layers=self.num_layers).float()
+
 
 class DraftModelDrafter(EarlyExitDrafter):
     """A small separate draft model distilled from the target (`training/train_draft_model.py`):
@@ -199,6 +202,7 @@ class DraftModelDrafter(EarlyExitDrafter):
 
         from engine.kv_pool import KVPool
         from engine.model import LlamaModel
+        from engine.speculative.draft_vocab import DraftLMHead
         from engine.speculative.heads import load_head
 
         cfg = engine.model_config
@@ -212,6 +216,13 @@ class DraftModelDrafter(EarlyExitDrafter):
         self.pool = KVPool(dcfg, ec.num_blocks, ec.block_size, engine.dtype, engine.device)
         self.meta = meta
         self.detail = {"draft_layers": self.num_layers, "draft_model": True}
+        self.lm_head = DraftLMHead(self.model.embed, ec.spec_draft_vocab)
+
+    def _draft_logits(self, batch) -> torch.Tensor:  # noqa: ANN001 (ForwardBatch)
+        hidden = self.model.hidden_states(batch, self.pool)
+        with self.engine.kernels.timer.timed("lm_head (draft vocab)", "torch", 2 * hidden.shape[0] * self.lm_head.size
+                                             * hidden.shape[1], self.lm_head.rows.numel() * hidden.element_size()):
+            return self.lm_head.logits(hidden[batch.logits_indices])
 
     mirrors_target = True
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sequence import Sequence
+from engine.speculative.draft_vocab import DraftLMHead
 from engine.speculative.drafters import DraftProposal, Drafter
 from engine.speculative.heads import RopeTables, load_head
 from engine.speculative.tree import DraftTree
@@ -72,6 +73,7 @@ class _TreeDrafter(Drafter):
         self.module, self.meta = load_head(head_name, cfg)
         self.module = self.module.to(device=engine.device, dtype=engine.dtype)
         self.embed = engine.model.embed  # the tied LM head / embedding, on the engine's device
+        self.lm_head = DraftLMHead(self.embed, engine.config.spec_draft_vocab)
         self.nodes = nodes
         self.features = FeatureStore(cfg.hidden_size, engine.config.max_model_len, engine.device, engine.dtype)
 
@@ -87,7 +89,7 @@ class _TreeDrafter(Drafter):
         return self.nodes
 
     def _probs(self, feats: torch.Tensor) -> torch.Tensor:
-        return torch.softmax((feats @ self.embed.T).float(), dim=-1)
+        return self.lm_head.probs(feats)
 
 
 # ---- Medusa --------------------------------------------------------------------------------------

@@ -44,6 +44,16 @@ _REF_IMPLS: dict[str, Callable] = {
 }
 
 
+def _paged_cost(q: torch.Tensor, k_cache: torch.Tensor, q_lens, ctx_lens) -> tuple[float, float]:
+    """FLOPs and bytes of attention over paged context: QK^T and PV for every query row against its
+    context; reads Q, the context's K and V, writes O."""
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k_cache.shape[2]
+    flops = sum(2 * 2 * hq * d * ql * cl for ql, cl in zip(q_lens, ctx_lens))
+    nbytes = (2 * q.numel() + 2 * hkv * d * sum(ctx_lens)) * q.element_size()
+    return flops, nbytes
+
+
 def triton_usable(device: torch.device) -> bool:
     if device.type == "cuda":
         return importlib.util.find_spec("triton") is not None
@@ -106,10 +116,7 @@ class Kernels:
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                         max_query_len: int, max_seq_len: int, scale: float,
                         q_lens: list[int], ctx_lens: list[int]):
-        hq, d = q.shape[1], q.shape[2]
-        hkv = k_cache.shape[2]
-        flops = sum(2 * 2 * hq * d * ql * cl for ql, cl in zip(q_lens, ctx_lens))
-        nbytes = (2 * q.numel() + 2 * hkv * d * sum(ctx_lens)) * q.element_size()
+        flops, nbytes = _paged_cost(q, k_cache, q_lens, ctx_lens)
         name = "attention.decode" if max_query_len == 1 else "attention.paged"
         with self.timer.timed(name, self.label("paged_attention"), flops, nbytes):
             return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens,
@@ -120,10 +127,7 @@ class Kernels:
         """Paged attention for a batch in which some sequence verifies a draft tree (an explicit mask
         over its new rows). Always the torch reference, also on CUDA: our Triton paged kernel is
         causal-only, and the timing panel says so ("torch")."""
-        hq, d = q.shape[1], q.shape[2]
-        hkv = k_cache.shape[2]
-        flops = sum(2 * 2 * hq * d * ql * cl for ql, cl in zip(q_lens, ctx_lens))
-        nbytes = (2 * q.numel() + 2 * hkv * d * sum(ctx_lens)) * q.element_size()
+        flops, nbytes = _paged_cost(q, k_cache, q_lens, ctx_lens)
         with self.timer.timed("attention.tree", "torch", flops, nbytes):
             return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                                        max_query_len, max_seq_len, scale, tree_masks)

@@ -20,6 +20,7 @@ from app.widgets.decoding_mode import DECODING_MODES, apply_decoding_mode, defau
 from app.widgets.explain import explanation
 from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
+from app.widgets.round_picker import latest_rounds, pick_round
 
 SKIP_REASONS = {"no_match": "prompt lookup found no earlier occurrence of the last tokens",
                 "no_free_blocks": "no KV room for a draft", "token_budget": "the step's token budget ran out"}
@@ -115,25 +116,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
         notes.append(f":material/input: prefill this step (no drafts yet): {', '.join(prefill)}")
     if notes:
         st.markdown(" · ".join(notes))
-    shown_step = record.step
-    if not rounds:  # show the latest round before this step, saying so
-        for earlier in reversed(history[:-1]):
-            rounds = step_rounds(earlier)
-            if rounds:
-                shown_step = earlier.step
-                st.caption(f"No verification round in step {record.step}; below is the latest one, from step "
-                           f"{shown_step}.")
-                break
+    rounds, shown_step = latest_rounds(record, history, step_rounds, "verification round")
     if rounds:
-        ids = [r.request_id for r in rounds]
-        key = f"{page}-round-pick"
-        if len(ids) > 1:
-            if st.session_state.get(key) not in ids:
-                st.session_state[key] = ids[0]
-            st.radio("Round of request", ids, horizontal=True, key=key)
-            chosen = next(r for r in rounds if r.request_id == st.session_state[key])
-        else:
-            chosen = rounds[0]
+        chosen = pick_round(rounds, [r.request_id for r in rounds], f"{page}-round-pick", "Round of request")
         st.markdown(round_sentence(chosen))
         show_figure(round_figure(chosen, f"Step {shown_step} · {chosen.request_id}: the verification round at "
                                          f"position {chosen['position']} ({chosen['mode']})"),

@@ -20,6 +20,7 @@ from app.widgets.decoding_mode import DECODING_MODES, apply_decoding_mode, defau
 from app.widgets.explain import explanation
 from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
+from app.widgets.round_picker import latest_rounds, pick_round
 
 TREE_DRAFTERS = ("eagle", "medusa")
 # Every drafter on the same prompts (bench/spec.py with tree node budgets); page 07 reads spec_cpu.json.
@@ -95,32 +96,16 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
     tot_d = sum(p.draft_seconds for p in points)
     tot_v = sum(p.verify_seconds for p in points)
     m[3].metric("Draft / verify time", f"{tot_d * 1e3:.0f} / {tot_v * 1e3:.0f} ms", help="summed over rounds so far")
-    rounds = tree_rounds(record)
-    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}")
+    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(tree_rounds(record))}")
     if cfg.spec_drafter not in TREE_DRAFTERS:
         st.info("Plain decoding or a chain drafter: pick Medusa or EAGLE above to see draft trees.",
                 icon=":material/info:")
-    shown = record.step
-    if not rounds:
-        for earlier in reversed(history[:-1]):
-            rounds = tree_rounds(earlier)
-            if rounds:
-                shown = earlier.step
-                st.caption(f"No tree verified in step {record.step}; below is the latest one, from step {shown}.")
-                break
+    rounds, shown = latest_rounds(record, history, tree_rounds, "tree verified")
     if not rounds:
         st.caption("No tree yet: the first step is the prompt's prefill. Step on.")
         show_figure(tokens_per_round_figure(points, record.step, len(history)), key=f"{page}-tau", height=340)
     else:
-        ids = [r["request_id"] for r in rounds]
-        key = f"{page}-tree-pick"
-        if len(ids) > 1:
-            if st.session_state.get(key) not in ids:
-                st.session_state[key] = ids[0]
-            st.radio("Tree of request", ids, horizontal=True, key=key)
-            chosen = next(r for r in rounds if r["request_id"] == st.session_state[key])
-        else:
-            chosen = rounds[0]
+        chosen = pick_round(rounds, [r["request_id"] for r in rounds], f"{page}-tree-pick", "Tree of request")
         st.markdown(round_sentence(chosen))
         show_figure(draft_tree_figure(chosen, f"Step {shown} · {chosen['request_id']}: the draft tree at position "
                                               f"{chosen['position']} ({chosen['mode']})"),

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import BENCH_PATH, load_bench, speedup_vs_plain
+from app.analysis.speculative import BENCH_PATH, DRAFTER_LABELS, load_bench, speedup_vs_plain
 from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tokens_per_round, round_sentence,
                                     training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
@@ -147,8 +147,10 @@ def cost_section(session: EngineSession, page: str) -> None:
         show_figure(verify_cost_figure(costs, taus=_bench_taus() or None), key=f"{page}-cost-fig", height=400)
         c64 = next((c for c in costs if c.nodes == 64), costs[-1])
         st.caption(f"{c64.nodes} nodes cost {c64.seconds / costs[0].seconds:.2f}× a 1-row decode pass here "
-                   f"({costs[0].seconds * 1e3:.0f} → {c64.seconds * 1e3:.0f} ms): decode reads all the weights "
-                   "whatever the row count, so extra rows are cheap until the matmuls become compute-bound.")
+                   f"({costs[0].seconds * 1e3:.0f} → {c64.seconds * 1e3:.0f} ms). Where a decode pass is memory-bound "
+                   "(a GPU reading the weights once for every row), extra rows ride along almost free; where the "
+                   "matmuls are compute-bound after a few rows (a CPU core), every node costs time and the tree "
+                   "must earn it back in τ.")
     else:
         st.caption("Press **Measure verification cost** (a few seconds on the CPU).")
 
@@ -166,7 +168,7 @@ def bench_section() -> None:
             if r["drafter"] == "plain":
                 continue
             tree = r["drafter"] in TREE_DRAFTERS
-            rows.append({"workload": r["workload"], "drafter": TREE_LABELS.get(r["drafter"], r["drafter"]),
+            rows.append({"workload": r["workload"], "drafter": DRAFTER_LABELS.get(r["drafter"], r["drafter"]),
                          "γ or nodes": f"{r['gamma']} nodes" if tree else f"γ = {r['gamma']}",
                          "tokens per pass (τ)": r["tokens_per_pass"], "speedup": r["speedup"],
                          "same tokens as plain": r["identical_to_plain"]})

@@ -16,6 +16,7 @@ from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from kernels.dispatch import Kernels
+from kernels.rope_store_ref import rotate_half_rope
 
 
 def rope_cache(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,10 +27,7 @@ def rope_cache(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[to
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, D]; cos/sin: [T, D/2]. Hugging Face's rotate-half layout (first half, second half)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    return rotate_half_rope(x, cos[:, None, :], sin[:, None, :])
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ Contract (the Triton kernel matches it):
 - `qkv` [T, (Hq + 2*Hkv) * D]: q heads, then k heads, then v heads, as `LlamaModel`'s fused QKV.
 - rotate-half RoPE (Hugging Face layout: first half / second half of each head) with
   cos/sin = table[positions], computed in fp32 and cast back to qkv's dtype, the same arithmetic
-  as `engine.model.apply_rope`;
+  as every other RoPE here (`rotate_half_rope` below);
 - rotated k and (unrotated) v are written to `k_cache`/`v_cache` [num_blocks, block_size, Hkv, D]
   at `slot_mapping[t]` (< 0: padding row, not stored), as `store_kv_ref`;
 - returns (q [T, Hq, D] contiguous, new; k [T, Hkv, D] contiguous, new; v [T, Hkv, D] a view of
@@ -17,12 +17,14 @@ import torch
 from kernels.kv_store_ref import store_kv_ref
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # Identical arithmetic to engine.model.apply_rope (not imported: engine.model imports dispatch).
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The one RoPE arithmetic of the project (the model, this reference, the draft heads): rotate-half
+    layout (first half / second half of the last dim), in fp32, cast back to x's dtype. cos/sin
+    [..., D/2] must broadcast against x[..., :D/2]. Lives here, a leaf module, because
+    `engine.model` imports the kernel dispatch."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def rope_store_ref(
@@ -43,6 +45,7 @@ def rope_store_ref(
     k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d)
     v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
     c, s = cos[positions], sin[positions]
-    q, k = _rope(q, c, s), _rope(k, c, s)
+    c, s = c[:, None, :], s[:, None, :]  # over the heads
+    q, k = rotate_half_rope(q, c, s), rotate_half_rope(k, c, s)
     store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
     return q, k, v

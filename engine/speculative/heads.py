@@ -28,6 +28,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.model import rope_cache
+from kernels.rope_store_ref import rotate_half_rope
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "spec_heads"
 
@@ -43,11 +44,8 @@ class RMSNorm(nn.Module):
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos/sin [B, T, D/2] (rotate-half layout, as the target)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    """x [B, H, T, D]; cos/sin [B, T, D/2]: the target's RoPE, broadcast over the heads."""
+    return rotate_half_rope(x, cos[:, None], sin[:, None])
 
 
 class DecoderLayer(nn.Module):

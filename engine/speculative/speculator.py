@@ -236,14 +236,8 @@ class Speculator:
         if not v.trials:  # greedy: a node was checked iff its parent was reached
             reached = {-1, *v.path}
             tried = {i for i, p in enumerate(tree.parents) if p in reached}
-        return {
-            "request_id": seq.label,
-            "seq_id": seq.seq_id,
-            "mode": "greedy" if seq.params.greedy else "sampled",
+        return self._round_fields(seq, rnd, v, start, emitted, verify_seconds) | {
             "kind": "tree",
-            "gamma": rnd.gamma,
-            "num_drafted": len(tree),
-            "position": start + 1,
             "root_token_id": seq.token_ids[start],
             "root_text": tok(seq.token_ids[start]),
             "tree": {
@@ -257,25 +251,27 @@ class Speculator:
                            for i in range(len(tree))],
             },
             "accepted_path": list(v.path),
-            "num_accepted": v.num_accepted,
-            "final_token_id": v.tokens[-1],
-            "final_text": tok(v.tokens[-1]),
-            "final_kind": v.final_kind,
-            "final_p": float(v.final_p),
-            "target_argmax_ids": list(v.target_argmax),
-            "target_argmax_texts": [tok(t) for t in v.target_argmax],
             "trials": [{"node": node, "u": u, "p": p, "accepted": ok} for node, u, p, ok in v.trials],
             "kv_moves": [list(m) for m in moves],
-            "emitted_token_ids": emitted,
-            "emitted_texts": [tok(t) for t in emitted],
-            "draft_seconds": rnd.draft_seconds,
-            "verify_seconds": verify_seconds,
-            "drafter_detail": dict(rnd.proposal.detail),
         }
 
     # ---- trace --------------------------------------------------------------------------------
     def round_dict(self, seq: Sequence, rnd: SpecRound, v, start: int, emitted: list[int],
                    verify_seconds: float) -> dict[str, Any]:
+        tok = self.engine.tokenizer.decode_token
+        return self._round_fields(seq, rnd, v, start, emitted, verify_seconds) | {
+            "draft_token_ids": list(rnd.tokens),
+            "draft_texts": [tok(t) for t in rnd.tokens],
+            "p": [float(x) for x in v.p],
+            "q": [float(x) for x in v.q],
+            "uniforms": list(v.uniforms),
+            "verdicts": list(v.verdicts),
+            "residual_mass": v.residual_mass,
+        }
+
+    def _round_fields(self, seq: Sequence, rnd: SpecRound, v, start: int, emitted: list[int],  # noqa: ANN001
+                      verify_seconds: float) -> dict[str, Any]:
+        """The keys chain and tree rounds share (Verdict and TreeVerdict both carry them)."""
         tok = self.engine.tokenizer.decode_token
         return {
             "request_id": seq.label,
@@ -284,18 +280,11 @@ class Speculator:
             "gamma": rnd.gamma,
             "num_drafted": len(rnd.tokens),
             "position": start + 1,
-            "draft_token_ids": list(rnd.tokens),
-            "draft_texts": [tok(t) for t in rnd.tokens],
-            "p": [float(x) for x in v.p],
-            "q": [float(x) for x in v.q],
-            "uniforms": list(v.uniforms),
-            "verdicts": list(v.verdicts),
             "num_accepted": v.num_accepted,
             "final_token_id": v.tokens[-1],
             "final_text": tok(v.tokens[-1]),
             "final_kind": v.final_kind,
             "final_p": float(v.final_p),
-            "residual_mass": v.residual_mass,
             "target_argmax_ids": list(v.target_argmax),
             "target_argmax_texts": [tok(t) for t in v.target_argmax],
             "emitted_token_ids": emitted,

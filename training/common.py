@@ -2,6 +2,7 @@
 optimiser schedule, held-out evaluation and the JSON training log."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -12,7 +13,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from engine.weights import load_weights
+from engine.weights import LoadedWeights, load_weights
 from training.generate_data import data_dir
 
 
@@ -52,6 +53,25 @@ def load_data(held_out_fraction: float = 0.05, seed: int = 0) -> DistillData:
     meta |= {"max_tokens": metas[0]["max_tokens"], "decoding": metas[0]["decoding"], "source": metas[0]["source"],
              "files": [p.name for p in paths], "held_out_conversations": k}
     return DistillData(train, held_out, meta)
+
+
+def base_parser(doc: str, *, epochs: float, lr: float, minutes: float) -> argparse.ArgumentParser:
+    """The options every training script has: schedule length, peak learning rate, batch size in
+    tokens, and a wall-clock cap (the cosine schedule is planned for `epochs`)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--epochs", type=float, default=epochs)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--minutes", type=float, default=minutes)
+    return ap
+
+
+def setup() -> tuple[DistillData, torch.Tensor, LoadedWeights]:
+    """Seeded start: the distillation data and the target's frozen tied embedding and weights."""
+    torch.manual_seed(0)
+    data = load_data()
+    embed, weights = frozen_embedding()
+    return data, embed, weights
 
 
 def batches(convs: list[Conversation], max_tokens: int, seed: int) -> Iterator[list[Conversation]]:

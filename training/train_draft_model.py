@@ -8,28 +8,17 @@ Writes engine/assets/spec_heads/draft_model.safetensors (fp16, layers + norm onl
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 from engine.speculative.heads import HEADS_DIR, DraftLayers, RopeTables, save_head
-from training.common import (Conversation, TrainLog, frozen_embedding, load_data, mixed_precision, pad_stack,
-                             train_loop)
-
-
+from training.common import Conversation, TrainLog, base_parser, mixed_precision, pad_stack, setup, train_loop
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = base_parser(__doc__, epochs=2.0, lr=3e-4, minutes=20.0)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast in training steps (about 2x slower)")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    data = load_data()
-    embed, weights = frozen_embedding()
+    data, embed, weights = setup()
     cfg = weights.config
     draft = DraftLayers(cfg, args.layers)
     for i, layer in enumerate(draft.layers):

@@ -9,16 +9,12 @@ Writes engine/assets/spec_heads/eagle.safetensors (fp16) and eagle.log.json.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 from engine.speculative.heads import HEADS_DIR, EagleLayer, RopeTables, load_head, save_head
-from training.common import (Conversation, TrainLog, training_log, frozen_embedding, load_data, mixed_precision, pad_stack,
-                             train_loop)
-
-
+from training.common import (Conversation, TrainLog, base_parser, mixed_precision, pad_stack, setup, train_loop,
+                             training_log)
 def batch_tensors(convs: list[Conversation], embed: torch.Tensor):
     """Padded [B, T] rows i = 0..n-2 per conversation, with targets and masks."""
     feats = pad_stack([c.features[:-1] for c in convs])
@@ -33,11 +29,7 @@ def batch_tensors(convs: list[Conversation], embed: torch.Tensor):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--minutes", type=float, default=25.0)
+    ap = base_parser(__doc__, epochs=3.0, lr=5e-4, minutes=25.0)
     ap.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (x feature RMS)")
     ap.add_argument("--init-layer", type=int, default=29, help="target layer the decoder layer starts from")
     ap.add_argument("--cls-weight", type=float, default=0.1, help="weight of the token loss (EAGLE-1: 0.1)")
@@ -45,9 +37,7 @@ def main() -> None:
                     help="start from the committed eagle.safetensors (its log is kept under 'resumed_from')")
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast in training steps (about 2x slower)")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    data = load_data()
-    embed, weights = frozen_embedding()
+    data, embed, weights = setup()
     cfg = weights.config
     eagle = EagleLayer(cfg)
     eagle.layer.load_from_target(weights.state_dict, args.init_layer)

@@ -6,15 +6,11 @@ Writes engine/assets/spec_heads/medusa.safetensors (fp16) and medusa.log.json.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 from engine.speculative.heads import HEADS_DIR, MedusaHeads, save_head
-from training.common import Conversation, TrainLog, frozen_embedding, load_data, mixed_precision, train_loop
-
-
+from training.common import Conversation, TrainLog, base_parser, mixed_precision, setup, train_loop
 def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features at t, token at t + 2 + k) for every t whose label is an answer token."""
     feats, labels = [], []
@@ -29,17 +25,11 @@ def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Te
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = base_parser(__doc__, epochs=2.0, lr=1e-3, minutes=20.0)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass (about 2x faster)")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    data = load_data()
-    embed, weights = frozen_embedding()
+    data, embed, weights = setup()
     heads = MedusaHeads(weights.config, args.heads)
     decay = [0.8 ** k for k in range(args.heads)]  # Medusa's per-head weights: later heads matter less
 

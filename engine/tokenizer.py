@@ -68,6 +68,9 @@ class Tokenizer:
         self._special_ids: frozenset[int] = frozenset(self._tok.all_special_ids) | frozenset(
             self._tok.added_tokens_decoder
         )
+        # decode_token's answers: every emitted token of every request asks, so at a few hundred
+        # requests per step the byte-level decoding would cost milliseconds a step uncached.
+        self._display: dict[int, str] = {}
 
     def _id(self, token: str) -> int:
         tid = self._tok.convert_tokens_to_ids(token)
@@ -97,6 +100,12 @@ class Tokenizer:
     def decode_token(self, token_id: int) -> str:
         """One token as display text: spaces/newlines/tabs made visible, and bytes that are only
         part of a UTF-8 character shown as <0xNN> instead of a replacement character."""
+        text = self._display.get(token_id)
+        if text is None:
+            text = self._display[token_id] = self._display_text(token_id)
+        return text
+
+    def _display_text(self, token_id: int) -> str:
         if token_id in self._special_ids:
             return self._tok.convert_ids_to_tokens(int(token_id))
         raw = self.token_bytes(token_id)

@@ -48,6 +48,9 @@ DECODE_KERNEL = "group"
 TARGET_PROGRAMS_PER_SM = {"decode": 16, "chunk": 8, "allheads": 8}
 NUM_STAGES = {"decode": 2, "chunk": 3, "allheads": 2}
 BLOCK_N = {"decode": 128, "chunk": 64, "allheads": 128}  # K/V tile height (allheads: token-head rows)
+# Decode over short contexts: 64-key tiles (B=64, L=1k: 20.5 vs 22.5 us; from 4k on 128 wins, 64 vs
+# 74 us at 4k). bench/paged_decode_sweep.py, bench/NOTES_kernels.md "v5".
+SHORT_DECODE_LEN, SHORT_DECODE_BLOCK_N = 1024, 64
 # Merge the split partials inside the partial kernel (the last-arriving program reduces) instead of
 # a second kernel launch. Measured 1-9% slower than the separate reduce on the H200, so off.
 FUSED_REDUCE = False
@@ -70,6 +73,7 @@ def _paged_attn_partial(
     stride_ot, stride_oh,
     PARTITION,
     CNT, Q_TILES,  # fused reduce: arrival counters, one per (sequence, q tile, KV head)
+    TM, TOFF,  # tree masks: flat int8 [q_len x q_len per tree], per-sequence offset into it (-1: causal)
     NUM_SPLITS: tl.constexpr,
     HKV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -79,6 +83,7 @@ def _paged_attn_partial(
     BLOCK_N: tl.constexpr,
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
+    TREE: tl.constexpr = False,
 ):
     Q_PER_TILE: tl.constexpr = BLOCK_M // GROUP
     pid0 = tl.program_id(0)
@@ -114,6 +119,11 @@ def _paged_attn_partial(
     lo = split * PARTITION
     hi = tl.minimum(lo + PARTITION, kv_end)
 
+    if TREE:
+        # A draft tree under verification: among this step's rows, row j sees only the rows its
+        # mask row allows (its ancestors and itself, all earlier rows, so the causal rule still holds).
+        t_off = tl.load(TOFF + b)
+        new0 = ctx - q_len  # position of this step's first row
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -131,6 +141,10 @@ def _paged_attn_partial(
                     mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
+        if TREE:
+            in_new = (n[None, :] >= new0) & visible & row_ok[:, None] & (t_off >= 0)
+            bit = tl.load(TM + t_off + j[:, None] * q_len + (n[None, :] - new0), mask=in_new, other=1)
+            visible = visible & (bit != 0)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead (p = 0 then).
@@ -296,6 +310,21 @@ def _paged_attn_reduce(
     tl.store(O + tok * stride_ot + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
 
+def _flat_tree_masks(tree_masks: tuple[torch.Tensor | None, ...],
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree masks as one flat int8 tensor and each sequence's offset into it (-1: causal)."""
+    offsets, parts, used = [], [], 0
+    for m in tree_masks:
+        if m is None:
+            offsets.append(-1)
+            continue
+        offsets.append(used)
+        parts.append(m.reshape(-1))
+        used += m.numel()
+    flat = torch.cat(parts).to(device=device, dtype=torch.int8)
+    return flat, torch.tensor(offsets, dtype=torch.int32).to(device)
+
+
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
 
@@ -352,6 +381,8 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         q_tiles = triton.cdiv(max(max_query_len, 1), block_m // group)
         if block_n is None:
             block_n = 16 if _INTERPRET else BLOCK_N[mode]
+            if mode == "decode" and max_seq_len <= SHORT_DECODE_LEN and not _INTERPRET:
+                block_n = SHORT_DECODE_BLOCK_N
         step = block_n
         base = batch * hkv * q_tiles
     per_sm = TARGET_PROGRAMS_PER_SM[mode] if programs_per_sm is None else programs_per_sm
@@ -384,10 +415,13 @@ def paged_attention_triton(
     block_n: int | None = None,
     decode_kernel: str | None = None,
     fused_reduce: bool | None = None,
+    tree_masks: tuple[torch.Tensor | None, ...] = (),
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Keyword-only knobs are for tests and the bench (kernel choice, tile/launch tuning, a
-    preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger)."""
+    preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger).
+    `tree_masks`: as in `paged_attention_ref`, per sequence None (causal) or a [q_len, q_len] bool
+    mask over this step's rows (a draft tree: each row sees its ancestors and itself)."""
     t, hq, d = q.shape
     _, page, hkv, dk = k_cache.shape
     assert dk == d and v_cache.shape == k_cache.shape and hq % hkv == 0
@@ -401,6 +435,12 @@ def paged_attention_triton(
     if t == 0 or batch == 0:
         return out
     group = hq // hkv
+    tree = any(m is not None for m in tree_masks)
+    if tree:
+        decode_kernel = "group"  # the all-heads decode kernel has no mask input
+        tm, toff = _flat_tree_masks(tree_masks, q.device)
+    else:
+        tm = toff = seq_lens  # unused
     cfg = plan(batch, hq, hkv, max_query_len, max_seq_len, q.device, programs_per_sm, min_partition, block_n,
                decode_kernel)
     splits = cfg["splits"]
@@ -437,10 +477,10 @@ def paged_attention_triton(
         if fused and cnt is None:  # first use inside a graph capture: keep the two-kernel path
             fused = False
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
-            *common, cnt if fused else out, cfg["q_tiles"],
+            *common, cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-            FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1,
+            FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
             num_warps=num_warps, num_stages=num_stages)
     if splits > 1 and not fused:
         _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](

@@ -192,6 +192,44 @@ def _case_paged(gen):
                     "splits": plan["splits"], "expect_split": per_sm is None,
                     "all_written": bool(torch.isfinite(o).all()) and counters_rearmed,
                     "rel_err": rel_err(o, ref), "tol": FP32_TOL})
+    out += _case_paged_tree(gen)
+    return out
+
+
+def random_tree_mask(n: int, gen) -> torch.Tensor:
+    """[n, n] bool: row i sees itself and its ancestors, in a random tree flattened parents-first
+    (row 0 is the root, every other row's parent is an earlier row)."""
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        parent = int(torch.randint(0, i, (1,), generator=gen))
+        mask[i] |= mask[parent]
+    return mask
+
+
+def _case_paged_tree(gen):
+    """Draft-tree verification rows: a tree per sequence (or none), beside a decode row and a
+    causal chunk in the same launch."""
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    out = []
+    bs = 16
+    for name, q_lens, trees in (("tree beside decode + chunk", [1, 9, 5], [None, True, None]),
+                                ("two trees", [7, 12], [True, True])):
+        ctx = [int(torch.randint(q + 1, 70, (1,), generator=gen)) for q in q_lens]
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, torch.float32, "cpu", gen)
+        masks = tuple(random_tree_mask(n, gen) if t else None for n, t in zip(q_lens, trees))
+        max_seq = max(ctx) + 7
+        o = torch.full_like(q, float("nan"))
+        pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125, tree_masks=masks,
+                                  out=o)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, 0.125,
+                                  masks)
+        causal = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, 0.125)
+        out.append({"name": f"paged {name} ctx={ctx} q_lens={q_lens}", "splits": 0, "expect_split": False,
+                    # the masks must matter: the causal answer is far from the tree answer
+                    "all_written": bool(torch.isfinite(o).all()) and rel_err(causal, ref) > 1e-3,
+                    "rel_err": rel_err(o, ref), "tol": FP32_TOL})
     return out
 
 
@@ -325,6 +363,30 @@ def test_gpu_paged(mode):
         pa.POISON_SCRATCH = False
     ref = paged_attention_ref(q.float(), kc.float(), vc.float(), ref_tables(tables, ctx, bs), seq_lens, qsl,
                               max(q_lens), max_seq, 0.125)
+    assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
+    tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
+    assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+def test_gpu_paged_tree(dtype):
+    """Draft trees of 25 and 65 rows over 1-3k contexts, beside decode rows and a causal chunk."""
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    dt = getattr(torch, dtype)
+    seed, gen = _new_gen()
+    q_lens = [1, 25, 1, 65, 40]
+    ctx = [int(torch.randint(q + 1, 3000, (1,), generator=gen)) for q in q_lens]
+    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, 16, dt, "cuda", gen)
+    masks = tuple(random_tree_mask(n, gen).cuda() if n in (25, 65) else None for n in q_lens)
+    o = torch.full_like(q, float("nan"))
+    pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max(ctx) + 50, 0.125, tree_masks=masks,
+                              out=o)
+    ref = paged_attention_ref(q.float(), kc.float(), vc.float(), ref_tables(tables, ctx, 16), seq_lens, qsl,
+                              max(q_lens), max(ctx) + 50, 0.125, masks)
     assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
     tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
     assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"

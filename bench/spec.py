@@ -7,7 +7,7 @@ about topics that are not in training/prompts.py (the heads' training data).
 
 One request at a time (speculation buys latency when a pass is bound by reading the weights, not by
 compute: batch 1 is where it matters), greedy, so every configuration emits exactly the same tokens
-and only the time differs. Two workloads: "copy" (summarise / correct a given text: prompt lookup shines)
+and only the time differs. Workloads: "copy" (summarise / correct a given text: prompt lookup shines)
 and "chat" (open questions: little to copy). Only the decode phase is timed (the prefill step is the
 same for every configuration). Configurations run interleaved, prompt by prompt, so load drifting on
 a shared machine hits all of them alike.
@@ -21,8 +21,8 @@ cost per drafted token / plain decode cost per token; v = mean target-pass cost 
 cost (the closed form assumes v = 1); predicted = (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1));
 pred(v) = the same with g c + v in the denominator (the verification pass priced as measured).
 
-    OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes 8 24 48 --max-tokens 48 \
-        --out bench/results/spec_cpu_all_drafters.json                                  # every drafter
+    OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes 8 24 64 --tree-depth 6 --tree-topk 8 \
+        --max-tokens 48 --out bench/results/spec_cpu_all_drafters.json                  # every drafter
     OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram early_exit   # gamma 1..5 (~50 min)
     python bench/spec.py --gammas 2 4 --max-tokens 48 --drafters ngram
 """
@@ -50,6 +50,10 @@ PARAGRAPH = ("The old lighthouse stood at the edge of the cliff for more than tw
              "could find their way home through the fog. When the keeper grew old, his daughter took over the work, "
              "and she kept the light burning until the day the harbour closed.")
 TYPOS = PARAGRAPH.replace("lighthouse", "lighthuose").replace("narrow", "narow").replace("fishing", "fishng")
+PARAGRAPH_2 = ("The village bakery opens at five in the morning, long before the sun comes up. The baker mixes flour, "
+               "water, salt and yeast in a wooden trough, shapes the dough into loaves and leaves them to rise by the "
+               "warm oven. By seven there is a queue outside the door, and by noon the shelves are empty except for a "
+               "few rolls that the baker gives to the children on their way home from school.")
 # "copy": answers that reuse the prompt's text. (Code edits would be the other classic case, but this
 # 135M model rewrites a function instead of editing it, so there is little to copy.)
 WORKLOADS: dict[str, list] = {
@@ -57,15 +61,23 @@ WORKLOADS: dict[str, list] = {
         [{"role": "user", "content": "Summarise the following text in two sentences:\n\n" + PARAGRAPH}],
         [{"role": "user", "content": "Correct the spelling mistakes in the following text and write out the "
                                      "corrected text:\n\n" + TYPOS}],
+        [{"role": "user", "content": "Summarise the following text in two sentences:\n\n" + PARAGRAPH_2}],
+        [{"role": "user", "content": "Rewrite the following text for a young child:\n\n" + PARAGRAPH_2}],
     ],
     "chat": [
         [{"role": "user", "content": "Write a short story about a robot who learns to paint."}],
         [{"role": "user", "content": "Explain how photosynthesis works."}],
+        [{"role": "user", "content": "Give me five interesting facts about the ocean."}],
+        [{"role": "user", "content": "Write a short poem about the moon."}],
     ],
     # Topics and phrasings that are not in training/prompts.py (the Medusa / EAGLE / draft-model data).
+# (The last two of each workload were added on 2026-11-30, before the heads retrained that day were
+# measured: four prompts per workload instead of two.)
     "unseen": [
         [{"role": "user", "content": "How does a refrigerator keep food cold?"}],
         [{"role": "user", "content": "Give me some advice for writing a good cover letter."}],
+        [{"role": "user", "content": "Why do leaves change color in the fall?"}],
+        [{"role": "user", "content": "What are some tips for staying focused while studying?"}],
     ],
 }
 TREE_DRAFTERS = ("medusa", "eagle")

@@ -276,10 +276,14 @@ def test_interpreter(family):
 # --------------------------------------------------------------------------------------------
 
 
+def on_gpu(test):
+    """Marked `gpu` (CI selects or skips by it) and skipped where there is no CUDA + Triton."""
+    return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")(test))
+
+
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+@on_gpu
 def test_gpu_store_kv(dtype):
     from kernels.kv_store_ref import store_kv_ref
     from kernels.kv_store_triton import store_kv_triton
@@ -303,8 +307,7 @@ def test_gpu_store_kv(dtype):
 
 @pytest.mark.parametrize("impl", [None, "ptr", "tma"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+@on_gpu
 def test_gpu_prefill(dtype, impl):
     from kernels.prefill_attention_ref import flash_attention_varlen_ref
     from kernels.prefill_attention_triton import flash_attention_varlen_triton
@@ -325,8 +328,7 @@ def test_gpu_prefill(dtype, impl):
 
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
                                   "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+@on_gpu
 def test_gpu_paged(mode):
     import kernels.paged_attention_triton as pa
     from kernels.paged_attention_ref import paged_attention_ref
@@ -369,8 +371,7 @@ def test_gpu_paged(mode):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+@on_gpu
 def test_gpu_paged_tree(dtype):
     """Draft trees of 25 and 65 rows over 1-3k contexts, beside decode rows and a causal chunk."""
     import kernels.paged_attention_triton as pa
@@ -393,8 +394,7 @@ def test_gpu_paged_tree(dtype):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs CUDA + Triton")
+@on_gpu
 def test_gpu_cuda_graph_decode(fused):
     """store_kv + paged decode captured once for a (batch, max_seq_len bucket), replayed on new
     lengths, block tables and data: every replay must match the reference."""

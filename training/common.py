@@ -50,7 +50,8 @@ def load_data(held_out_fraction: float = 0.05, seed: int = 0) -> DistillData:
     k = len(held_out)
     meta = {key: sum(m[key] for m in metas) for key in ("conversations", "prompt_tokens", "generated_tokens",
                                                          "generation_seconds", "feature_seconds")}
-    meta |= {"max_tokens": metas[0]["max_tokens"], "decoding": metas[0]["decoding"], "source": metas[0]["source"],
+    sources = list(dict.fromkeys(m["source"] for m in metas))
+    meta |= {"max_tokens": metas[0]["max_tokens"], "decoding": metas[0]["decoding"], "source": ", ".join(sources),
              "files": [p.name for p in paths], "held_out_conversations": k}
     return DistillData(train, held_out, meta)
 
@@ -120,6 +121,25 @@ def training_log(name: str) -> dict | None:
 
     path = HEADS_DIR / f"{name}.log.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def resumed_from(previous: dict | None) -> dict:
+    """The config entry that records which committed run a resumed run started from."""
+    if not previous:
+        return {}
+    return {"resumed_from": {k: previous[k] for k in ("config", "data", "summary") if k in previous}}
+
+
+def cumulative_summary(previous: dict | None, summary: dict) -> dict:
+    """A resumed run's summary plus the whole history's steps, tokens and minutes."""
+    if not previous:
+        return summary
+    before = previous["summary"]
+    return summary | {
+        "steps_total": before.get("steps_total", before["steps"]) + summary["steps"],
+        "tokens_seen_total": before.get("tokens_seen_total", before["tokens_seen"]) + summary["tokens_seen"],
+        "train_minutes_total": round(before.get("train_minutes_total", before["train_minutes"])
+                                     + summary["train_minutes"], 1)}
 
 
 @dataclass

@@ -5,7 +5,9 @@ position (the "feature" Medusa heads and the EAGLE layer read).
 Output: `<cache>/distill/<name>.pt` with, per conversation, the token ids (int32), the prompt length
 and the features (fp16, [tokens, 576]); plus `meta.json` (counts and timings, copied into every
 training log).  `python -m training.generate_data [--count 480] [--max-tokens 160]`, then
-`python -m training.generate_data --count 756 --skip 480 --name data2` for the remaining prompts.
+`python -m training.generate_data --count 756 --skip 480 --name data2` for the remaining prompts;
+`python -m training.generate_data --source second --count 920 --name data3` for the second set (other
+topics and kinds, and copy-style tasks over the answers in data.pt).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from engine.forward_batch import build_forward_batch
 from engine.kv_pool import KVPool
 from engine.sampling_params import SamplingParams
 from engine.weights import cache_dir, load_weights
-from training.prompts import training_prompts
+from training.prompts import training_prompts, training_prompts_2
 
 
 def data_dir() -> Path:
@@ -59,17 +61,31 @@ def extract_features(engine: LLMEngine, sequences: list[list[int]], max_batch_to
     return out
 
 
+def earlier_answers(name: str = "data") -> list[str]:
+    """The answers of an earlier data file as text (the passages of the copy-style prompts)."""
+    from engine.tokenizer import default_tokenizer
+
+    tok = default_tokenizer()
+    raw = torch.load(data_dir() / f"{name}.pt")
+    return [tok.decode(t[p:].tolist(), skip_special_tokens=True) for t, p in zip(raw["tokens"], raw["prompt_lens"])]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=480)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (made by an earlier run)")
+    ap.add_argument("--source", choices=("first", "second"), default="first",
+                    help="first: training_prompts(); second: training_prompts_2() over data.pt's answers")
     ap.add_argument("--name", default="data", help="file stem: training reads every <cache>/distill/data*.pt")
     args = ap.parse_args()
     weights = load_weights("real")
     engine = LLMEngine(EngineConfig(num_blocks=1600, max_num_seqs=64, max_num_batched_tokens=1024,
                                     trace_detail="light", profile_kernels=False), weights)
-    prompts = training_prompts(args.count)[args.skip:]
+    if args.source == "first":
+        prompts = training_prompts(args.count)[args.skip:]
+    else:
+        prompts = training_prompts_2(earlier_answers())[args.skip:args.count]
     t0 = time.perf_counter()
     rids = [engine.add_request([{"role": "user", "content": p}], SamplingParams(max_tokens=args.max_tokens))
             for p in prompts]
@@ -94,7 +110,8 @@ def main() -> None:
     meta = {"conversations": len(seqs), "prompt_tokens": sum(len(r.prompt_token_ids) for r in results),
             "generated_tokens": sum(len(r.token_ids) for r in results), "max_tokens": args.max_tokens,
             "decoding": "greedy", "generation_seconds": round(gen_seconds, 1),
-            "feature_seconds": round(feat_seconds, 1), "source": "training.prompts.training_prompts"}
+            "feature_seconds": round(feat_seconds, 1), "source": "training.prompts." + ("training_prompts" if args.source == "first"
+                                                                   else "training_prompts_2")}
     (out / f"{args.name}.meta.json").write_text(json.dumps(meta, indent=2))
     print(json.dumps(meta, indent=2))
 

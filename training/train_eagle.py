@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.speculative.heads import HEADS_DIR, EagleLayer, RopeTables, load_head, save_head
-from training.common import (Conversation, TrainLog, base_parser, mixed_precision, pad_stack, setup, train_loop,
-                             training_log)
+from training.common import (Conversation, TrainLog, base_parser, cumulative_summary, mixed_precision, pad_stack,
+                             resumed_from, setup, train_loop, training_log)
 def batch_tensors(convs: list[Conversation], embed: torch.Tensor):
     """Padded [B, T] rows i = 0..n-2 per conversation, with targets and masks."""
     feats = pad_stack([c.features[:-1] for c in convs])
@@ -74,17 +74,10 @@ def main() -> None:
         return {"top1": float((top[:, 0] == y).float().mean()), "top3": float((top == y[:, None]).any(-1).float().mean()),
                 "reg": float(F.smooth_l1_loss(pred, tf))}
 
-    log = TrainLog("eagle", vars(args) | ({"resumed_from": {k: previous[k] for k in ("config", "data", "summary")
-                                                              if k in previous}} if previous else {}), data.meta)
+    log = TrainLog("eagle", vars(args) | resumed_from(previous), data.meta)
     summary = train_loop(list(eagle.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
                          batch_tokens=args.batch_tokens, minutes=args.minutes)
-    if previous:  # the whole history: steps and tokens of both runs
-        before = previous["summary"]
-        summary = summary | {"steps_total": before.get("steps_total", before["steps"]) + summary["steps"],
-                             "tokens_seen_total": before.get("tokens_seen_total", before["tokens_seen"])
-                             + summary["tokens_seen"],
-                             "train_minutes_total": round(before.get("train_minutes_total", before["train_minutes"])
-                                                          + summary["train_minutes"], 1)}
+    summary = cumulative_summary(previous, summary)  # the whole history: steps and tokens of every run
     meta = {"init_layer": args.init_layer, "trained_on": data.meta, **summary}
     print(save_head(eagle, "eagle", meta), log.write(HEADS_DIR, summary))
 

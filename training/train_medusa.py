@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.speculative.heads import HEADS_DIR, MedusaHeads, save_head
-from training.common import Conversation, TrainLog, base_parser, mixed_precision, setup, train_loop
+from engine.speculative.heads import HEADS_DIR, MedusaHeads, load_head, save_head
+from training.common import (Conversation, TrainLog, base_parser, cumulative_summary, mixed_precision, resumed_from,
+                             setup, train_loop, training_log)
 def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features at t, token at t + 2 + k) for every t whose label is an answer token."""
     feats, labels = [], []
@@ -28,9 +29,16 @@ def main() -> None:
     ap = base_parser(__doc__, epochs=2.0, lr=1e-3, minutes=20.0)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass (about 2x faster)")
+    ap.add_argument("--resume", action="store_true",
+                    help="start from the committed medusa.safetensors (its log is kept under 'resumed_from')")
     args = ap.parse_args()
     data, embed, weights = setup()
     heads = MedusaHeads(weights.config, args.heads)
+    previous = None
+    if args.resume:
+        trained, prev_meta = load_head("medusa", weights.config)
+        heads.load_state_dict(trained.state_dict())
+        previous = training_log("medusa") or {"summary": prev_meta}
     decay = [0.8 ** k for k in range(args.heads)]  # Medusa's per-head weights: later heads matter less
 
     def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:
@@ -56,9 +64,10 @@ def main() -> None:
             out[f"top3_head{k}"] = float((top == y[:, None]).any(-1).float().mean())
         return out
 
-    log = TrainLog("medusa", vars(args), data.meta)
+    log = TrainLog("medusa", vars(args) | resumed_from(previous), data.meta)
     summary = train_loop(list(heads.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
                          batch_tokens=args.batch_tokens, minutes=args.minutes)
+    summary = cumulative_summary(previous, summary)
     meta = {"num_heads": args.heads, "trained_on": data.meta, **summary}
     print(save_head(heads, "medusa", meta), log.write(HEADS_DIR, summary))
 

@@ -156,6 +156,15 @@ def training_log(name: str, directory: Path = HEADS_DIR) -> dict[str, Any] | Non
         return None
 
 
+def training_runs(log: dict[str, Any]) -> int:
+    """How many training runs made a head: a resumed run keeps the one it started from in its config."""
+    runs, cfg = 1, log.get("config", {})
+    while "resumed_from" in cfg:
+        runs += 1
+        cfg = cfg["resumed_from"].get("config", {})
+    return runs
+
+
 def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
     log = training_log(name, directory)
     if not log:
@@ -166,7 +175,8 @@ def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
     steps = s.get("steps_total", s["steps"])
     tokens = s.get("tokens_seen_total", s["tokens_seen"])
     minutes = s.get("train_minutes_total", s["train_minutes"])
-    resumed = " (in two runs, the second resumed from the first with more data)" if "steps_total" in s else ""
+    runs = training_runs(log)
+    resumed = f" (in {runs} runs, each resumed from the one before, with more data)" if runs > 1 else ""
     return (f"Self-distilled on **{d['conversations']} conversations** the model answered itself ({d['prompt_tokens']:,} "
             f"prompt + {d['generated_tokens']:,} generated tokens, {d['decoding']}): **{steps} optimiser steps**, "
             f"{tokens:,} tokens seen, {minutes} min on this CPU{resumed}. Held-out "

@@ -161,7 +161,8 @@ def bench_section() -> None:
                      f"(bench/results/{ALL_DRAFTERS_BENCH.name})", expanded=True):
         if not bench or not any(r["drafter"] in TREE_DRAFTERS for r in bench.get("rows", [])):
             st.caption("No benchmark file yet: run `OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes "
-                       f"8 24 48 --max-tokens 48 --out bench/results/{ALL_DRAFTERS_BENCH.name}`.")
+                       "8 24 64 --tree-depth 6 --tree-topk 8 --max-tokens 48 "
+                       f"--out bench/results/{ALL_DRAFTERS_BENCH.name}`.")
             return
         rows = []
         for r in bench["rows"]:

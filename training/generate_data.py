@@ -7,7 +7,8 @@ and the features (fp16, [tokens, 576]); plus `meta.json` (counts and timings, co
 training log).  `python -m training.generate_data [--count 480] [--max-tokens 160]`, then
 `python -m training.generate_data --count 756 --skip 480 --name data2` for the remaining prompts;
 `python -m training.generate_data --source second --count 920 --name data3` for the second set (other
-topics and kinds, and copy-style tasks over the answers in data.pt).
+topics and kinds, and copy-style tasks over the answers in data.pt), and
+`python -m training.generate_data --source third --count 520 --name data4` (the two sets crossed).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from engine.forward_batch import build_forward_batch
 from engine.kv_pool import KVPool
 from engine.sampling_params import SamplingParams
 from engine.weights import cache_dir, load_weights
-from training.prompts import training_prompts, training_prompts_2
+from training.prompts import training_prompts, training_prompts_2, training_prompts_3
 
 
 def data_dir() -> Path:
@@ -75,8 +76,9 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=480)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N prompts (made by an earlier run)")
-    ap.add_argument("--source", choices=("first", "second"), default="first",
-                    help="first: training_prompts(); second: training_prompts_2() over data.pt's answers")
+    ap.add_argument("--source", choices=("first", "second", "third"), default="first",
+                    help="first: training_prompts(); second: training_prompts_2() over data.pt's answers; "
+                         "third: training_prompts_3()")
     ap.add_argument("--name", default="data", help="file stem: training reads every <cache>/distill/data*.pt")
     args = ap.parse_args()
     weights = load_weights("real")
@@ -84,8 +86,10 @@ def main() -> None:
                                     trace_detail="light", profile_kernels=False), weights)
     if args.source == "first":
         prompts = training_prompts(args.count)[args.skip:]
-    else:
+    elif args.source == "second":
         prompts = training_prompts_2(earlier_answers())[args.skip:args.count]
+    else:
+        prompts = training_prompts_3(args.count)[args.skip:]
     t0 = time.perf_counter()
     rids = [engine.add_request([{"role": "user", "content": p}], SamplingParams(max_tokens=args.max_tokens))
             for p in prompts]
@@ -110,8 +114,8 @@ def main() -> None:
     meta = {"conversations": len(seqs), "prompt_tokens": sum(len(r.prompt_token_ids) for r in results),
             "generated_tokens": sum(len(r.token_ids) for r in results), "max_tokens": args.max_tokens,
             "decoding": "greedy", "generation_seconds": round(gen_seconds, 1),
-            "feature_seconds": round(feat_seconds, 1), "source": "training.prompts." + ("training_prompts" if args.source == "first"
-                                                                   else "training_prompts_2")}
+            "feature_seconds": round(feat_seconds, 1), "source": "training.prompts." + {"first": "training_prompts", "second": "training_prompts_2",
+                                                             "third": "training_prompts_3"}[args.source]}
     (out / f"{args.name}.meta.json").write_text(json.dumps(meta, indent=2))
     print(json.dumps(meta, indent=2))
 

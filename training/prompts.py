@@ -125,3 +125,11 @@ def training_prompts_2(passages: list[str], copy_count: int = 240, seed: int = 0
     prompts = [k.format(t=t) for k in KINDS_2 for t in TOPICS_2] + copy_prompts(passages, copy_count)
     random.Random(seed).shuffle(prompts)
     return prompts
+
+
+def training_prompts_3(count: int = 520, seed: int = 2) -> list[str]:
+    """The two topic lists crossed with the other set's kinds (TOPICS_2 x KINDS, TOPICS x KINDS_2):
+    new requests without new topics or phrasings, so the held-out prompts stay unseen."""
+    pairs = [k.format(t=t) for k in KINDS for t in TOPICS_2] + [k.format(t=t) for k in KINDS_2 for t in TOPICS]
+    random.Random(seed).shuffle(pairs)
+    return pairs[:count]

@@ -173,8 +173,12 @@ def bench_section() -> None:
                          "γ or nodes": f"{r['gamma']} nodes" if tree else f"γ = {r['gamma']}",
                          "tokens per pass (τ)": r["tokens_per_pass"], "speedup": r["speedup"],
                          "same tokens as plain": r["identical_to_plain"]})
-        st.caption(f"`{bench.get('command')}` · greedy, batch 1, {bench.get('max_tokens')} new tokens per prompt; "
-                   "'unseen' prompts are on topics the heads were not trained on.")
+        counts = bench.get("workloads", {})
+        per = f"{min(counts.values())}-{max(counts.values())}" if counts and min(counts.values()) != max(counts.values()) \
+            else str(next(iter(counts.values()), "?"))
+        st.caption(f"`{bench.get('command')}` · greedy, batch 1, {per} prompts per workload, {bench.get('max_tokens')} "
+                   "new tokens per prompt; 'unseen' prompts are on topics and in phrasings the heads were not "
+                   "trained on.")
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
             c: st.column_config.NumberColumn(c, format="%.2f") for c in ("tokens per pass (τ)", "speedup")})
 
@@ -183,8 +187,10 @@ def training_section() -> None:
     with st.expander(":material/model_training: How the heads were trained", expanded=False):
         for name, title in (("medusa", "Medusa heads"), ("eagle", "EAGLE layer"), ("draft_model", "Draft model")):
             st.markdown(f"**{title}** · {training_summary(name)}")
-        st.caption("Data: `python -m training.generate_data` (the model answers 756 templated prompts greedily, "
-                   "then one prefill pass records its hidden state at every position); scripts and logs: "
+        st.caption("Data: `python -m training.generate_data` (the model answers 2,196 templated prompts greedily: "
+                   "topics x kinds of request, other topics x other kinds, copy-style tasks over its own earlier "
+                   "answers, and the two lists crossed; then one prefill pass records its hidden state at every "
+                   "position); scripts and logs: "
                    "`training/`, `engine/assets/spec_heads/*.log.json`. Drafting uses the 8192 most frequent "
                    "answer tokens as its LM head (`training/draft_vocab.py`): a full 49152-row head costs a "
                    "quarter of a target pass per row on the CPU. Verification always uses the full vocabulary.")

@@ -127,13 +127,9 @@ class Kernels:
         """Paged attention for a batch in which some sequence verifies a draft tree: an explicit
         mask over its new rows (each row sees the cached context, its ancestors and itself)."""
         flops, nbytes = _paged_cost(q, k_cache, q_lens, ctx_lens)
-        impl = self._impls["paged_attention"]
         with self.timer.timed("attention.tree", self.label("paged_attention"), flops, nbytes):
-            if impl is paged_attention_ref:
-                return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                           max_query_len, max_seq_len, scale, tree_masks)
-            return impl(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
-                        scale, tree_masks=tree_masks)
+            return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                                  max_query_len, max_seq_len, scale, tree_masks=tree_masks)
 
     # ---- fused elementwise families -----------------------------------------------------------
     def rmsnorm(self, x, weight, eps: float, residual=None):

@@ -310,9 +310,16 @@ def _paged_attn_reduce(
     tl.store(O + tok * stride_ot + head * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
 
+# The last tree masks flattened: every layer of a forward pass passes the same tuple, so it is
+# flattened and copied to the device once per pass, not once per layer.
+_LAST_TREE: list = [None, None, None]
+
+
 def _flat_tree_masks(tree_masks: tuple[torch.Tensor | None, ...],
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The tree masks as one flat int8 tensor and each sequence's offset into it (-1: causal)."""
+    if _LAST_TREE[0] is tree_masks and _LAST_TREE[1].device == device:
+        return _LAST_TREE[1], _LAST_TREE[2]
     offsets, parts, used = [], [], 0
     for m in tree_masks:
         if m is None:
@@ -322,7 +329,8 @@ def _flat_tree_masks(tree_masks: tuple[torch.Tensor | None, ...],
         parts.append(m.reshape(-1))
         used += m.numel()
     flat = torch.cat(parts).to(device=device, dtype=torch.int8)
-    return flat, torch.tensor(offsets, dtype=torch.int32).to(device)
+    _LAST_TREE[:] = [tree_masks, flat, torch.tensor(offsets, dtype=torch.int32).to(device)]
+    return _LAST_TREE[1], _LAST_TREE[2]
 
 
 _COUNTERS: dict[str, list[torch.Tensor]] = {}

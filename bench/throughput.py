@@ -31,6 +31,11 @@ from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import hf_reference_model, load_weights  # noqa: E402
 
 
+def _passes(device: str) -> int:
+    """Runs of the whole workload per system: on CUDA one untimed warm-up pass, then the timed one."""
+    return 2 if device.startswith("cuda") else 1
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -53,7 +58,7 @@ def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label
         for b in engine.graph_runner.buckets:
             if b <= len(reqs):
                 engine.graph_runner.run(_dummy_decode(engine, b))
-    for timed in ([False, True] if args.device.startswith("cuda") else [True]):
+    for _ in range(_passes(args.device)):  # the last pass is the timed one
         _sync(args.device)
         t0 = time.perf_counter()
         for r in reqs:
@@ -81,7 +86,7 @@ def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str)
     with torch.no_grad():
         warm = torch.tensor([list(reqs[0].prompt_ids[:8])], device=args.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
-        for _ in range(2 if args.device.startswith("cuda") else 1):  # the last pass is the timed one
+        for _ in range(_passes(args.device)):  # the last pass is the timed one
             _sync(args.device)
             t0 = time.perf_counter()
             _hf_pass(model, reqs, args, batch_size, pad)

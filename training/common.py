@@ -123,6 +123,21 @@ def training_log(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def add_resume_option(ap: argparse.ArgumentParser, name: str) -> None:
+    ap.add_argument("--resume", action="store_true",
+                    help=f"start from the committed {name}.safetensors (its log is kept under 'resumed_from')")
+
+
+def resume_committed(name: str, module: torch.nn.Module, config) -> dict:
+    """Load the committed head `name` into `module`; returns its training log (the history a resumed
+    run extends), or at least the summary stored with the weights."""
+    from engine.speculative.heads import load_head
+
+    trained, meta = load_head(name, config)
+    module.load_state_dict(trained.state_dict())
+    return training_log(name) or {"summary": meta}
+
+
 def resumed_from(previous: dict | None) -> dict:
     """The config entry that records which committed run a resumed run started from."""
     if not previous:

@@ -85,11 +85,11 @@ def main() -> None:
     engine = LLMEngine(EngineConfig(num_blocks=1600, max_num_seqs=64, max_num_batched_tokens=1024,
                                     trace_detail="light", profile_kernels=False), weights)
     if args.source == "first":
-        prompts = training_prompts(args.count)[args.skip:]
+        make, prompts = training_prompts, training_prompts(args.count)[args.skip:]
     elif args.source == "second":
-        prompts = training_prompts_2(earlier_answers())[args.skip:args.count]
+        make, prompts = training_prompts_2, training_prompts_2(earlier_answers())[args.skip:args.count]
     else:
-        prompts = training_prompts_3(args.count)[args.skip:]
+        make, prompts = training_prompts_3, training_prompts_3(args.count)[args.skip:]
     t0 = time.perf_counter()
     rids = [engine.add_request([{"role": "user", "content": p}], SamplingParams(max_tokens=args.max_tokens))
             for p in prompts]
@@ -114,8 +114,7 @@ def main() -> None:
     meta = {"conversations": len(seqs), "prompt_tokens": sum(len(r.prompt_token_ids) for r in results),
             "generated_tokens": sum(len(r.token_ids) for r in results), "max_tokens": args.max_tokens,
             "decoding": "greedy", "generation_seconds": round(gen_seconds, 1),
-            "feature_seconds": round(feat_seconds, 1), "source": "training.prompts." + {"first": "training_prompts", "second": "training_prompts_2",
-                                                             "third": "training_prompts_3"}[args.source]}
+            "feature_seconds": round(feat_seconds, 1), "source": f"training.prompts.{make.__name__}"}
     (out / f"{args.name}.meta.json").write_text(json.dumps(meta, indent=2))
     print(json.dumps(meta, indent=2))
 

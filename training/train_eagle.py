@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.speculative.heads import HEADS_DIR, EagleLayer, RopeTables, load_head, save_head
-from training.common import (Conversation, TrainLog, base_parser, cumulative_summary, mixed_precision, pad_stack,
-                             resumed_from, setup, train_loop, training_log)
+from engine.speculative.heads import HEADS_DIR, EagleLayer, RopeTables, save_head
+from training.common import (Conversation, TrainLog, add_resume_option, base_parser, cumulative_summary,
+                             mixed_precision, pad_stack, resume_committed, resumed_from, setup, train_loop)
 def batch_tensors(convs: list[Conversation], embed: torch.Tensor):
     """Padded [B, T] rows i = 0..n-2 per conversation, with targets and masks."""
     feats = pad_stack([c.features[:-1] for c in convs])
@@ -33,8 +33,7 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (x feature RMS)")
     ap.add_argument("--init-layer", type=int, default=29, help="target layer the decoder layer starts from")
     ap.add_argument("--cls-weight", type=float, default=0.1, help="weight of the token loss (EAGLE-1: 0.1)")
-    ap.add_argument("--resume", action="store_true",
-                    help="start from the committed eagle.safetensors (its log is kept under 'resumed_from')")
+    add_resume_option(ap, "eagle")
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast in training steps (about 2x slower)")
     args = ap.parse_args()
     data, embed, weights = setup()
@@ -44,9 +43,7 @@ def main() -> None:
     eagle.norm.weight.data.copy_(weights.state_dict["model.norm.weight"].float())
     previous = None
     if args.resume:
-        trained, prev_meta = load_head("eagle", cfg)
-        eagle.load_state_dict(trained.state_dict())
-        previous = training_log("eagle") or {"summary": prev_meta}
+        previous = resume_committed("eagle", eagle, cfg)
     rope = RopeTables(cfg, 4096)
     rms = float(torch.cat([c.features for c in data.train[:50]]).pow(2).mean().sqrt())
 

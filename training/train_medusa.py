@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.speculative.heads import HEADS_DIR, MedusaHeads, load_head, save_head
-from training.common import (Conversation, TrainLog, base_parser, cumulative_summary, mixed_precision, resumed_from,
-                             setup, train_loop, training_log)
+from engine.speculative.heads import HEADS_DIR, MedusaHeads, save_head
+from training.common import (Conversation, TrainLog, add_resume_option, base_parser, cumulative_summary,
+                             mixed_precision, resume_committed, resumed_from, setup, train_loop)
 def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features at t, token at t + 2 + k) for every t whose label is an answer token."""
     feats, labels = [], []
@@ -29,16 +29,13 @@ def main() -> None:
     ap = base_parser(__doc__, epochs=2.0, lr=1e-3, minutes=20.0)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass (about 2x faster)")
-    ap.add_argument("--resume", action="store_true",
-                    help="start from the committed medusa.safetensors (its log is kept under 'resumed_from')")
+    add_resume_option(ap, "medusa")
     args = ap.parse_args()
     data, embed, weights = setup()
     heads = MedusaHeads(weights.config, args.heads)
     previous = None
     if args.resume:
-        trained, prev_meta = load_head("medusa", weights.config)
-        heads.load_state_dict(trained.state_dict())
-        previous = training_log("medusa") or {"summary": prev_meta}
+        previous = resume_committed("medusa", heads, weights.config)
     decay = [0.8 ** k for k in range(args.heads)]  # Medusa's per-head weights: later heads matter less
 
     def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:

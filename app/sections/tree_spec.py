@@ -173,9 +173,8 @@ def bench_section() -> None:
                          "γ or nodes": f"{r['gamma']} nodes" if tree else f"γ = {r['gamma']}",
                          "tokens per pass (τ)": r["tokens_per_pass"], "speedup": r["speedup"],
                          "same tokens as plain": r["identical_to_plain"]})
-        counts = bench.get("workloads", {})
-        per = f"{min(counts.values())}-{max(counts.values())}" if counts and min(counts.values()) != max(counts.values()) \
-            else str(next(iter(counts.values()), "?"))
+        sizes = sorted(set(bench.get("workloads", {}).values())) or ["?"]
+        per = "-".join(str(n) for n in (sizes[0], sizes[-1])) if len(sizes) > 1 else str(sizes[0])
         st.caption(f"`{bench.get('command')}` · greedy, batch 1, {per} prompts per workload, {bench.get('max_tokens')} "
                    "new tokens per prompt; 'unseen' prompts are on topics and in phrasings the heads were not "
                    "trained on.")

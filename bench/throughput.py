@@ -6,16 +6,21 @@ batching removes. Prints a table and writes JSON.
 
 On CUDA both systems first run the whole workload once untimed: the engine's first pass compiles
 Triton kernels for new shapes and captures graphs (about a second in all), HF's warms cuBLAS and
-its caching allocator; what is timed is the second pass, the steady state a server runs in.
+its caching allocator; then three timed passes, the steady state a server runs in, of which the
+median is reported (the GPU machine's host speed varies from run to run).
 
     python bench/throughput.py --concurrency 16,8,4              # CPU, real model, 16 requests
     python bench/throughput.py --device cuda --weights random --num-requests 256 --batch1
+
+On CUDA the engine runs three ways: eager, with CUDA graphs, and with CUDA graphs plus overlapped
+decode (the host schedules step k + 1 while the GPU computes step k: engine/overlap.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,8 +37,15 @@ from engine.weights import hf_reference_model, load_weights  # noqa: E402
 
 
 def _passes(device: str) -> int:
-    """Runs of the whole workload per system: on CUDA one untimed warm-up pass, then the timed one."""
-    return 2 if device.startswith("cuda") else 1
+    """Runs of the whole workload per system: on CUDA one untimed warm-up pass, then three timed ones
+    (the shared machine's host speed varies by tens of percent from run to run: the median is
+    reported, every pass is kept in the JSON)."""
+    return 4 if device.startswith("cuda") else 1
+
+
+def _timed(seconds: list[float]) -> list[float]:
+    """The timed passes: all but the warm-up one on CUDA."""
+    return seconds[1:] if len(seconds) > 1 else seconds
 
 
 def _sync(device: str) -> None:
@@ -41,36 +53,52 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str,
-               max_seqs: int | None = None) -> dict:
+def bench_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, max_seqs: int | None = None,
+                 overlap: bool = False) -> LLMEngine:
+    """An engine sized for the workload (every request fits at once), warmed up: Triton kernels
+    compiled and every graph bucket the workload can use captured."""
     max_len = max(len(r.prompt_ids) + r.max_tokens for r in reqs)
     max_len = 1 << (max_len - 1).bit_length()
     tokens_needed = sum(len(r.prompt_ids) + r.max_tokens for r in reqs)
     cfg = EngineConfig(
-        device=args.device, dtype=args.dtype, weights=args.weights, cuda_graphs=cuda_graphs,
+        device=args.device, dtype=args.dtype, weights=args.weights, cuda_graphs=cuda_graphs, overlap_decode=overlap,
         num_blocks=-(-tokens_needed // 16) + len(reqs) + 8, block_size=16, max_num_seqs=max_seqs or len(reqs),
         max_num_batched_tokens=args.budget, max_model_len=max_len, profile_kernels=False, trace_detail="light",
     )
     engine = LLMEngine(cfg, weights)
-    # Warm up (Triton compilation, graph capture) on a throwaway request.
     engine.generate(list(reqs[0].prompt_ids[:8]), SamplingParams(max_tokens=4, ignore_eos=True))
     if cuda_graphs and engine.graph_runner is not None:
         for b in engine.graph_runner.buckets:
             if b <= len(reqs):
                 engine.graph_runner.run(_dummy_decode(engine, b))
-    for _ in range(_passes(args.device)):  # the last pass is the timed one
-        _sync(args.device)
-        t0 = time.perf_counter()
-        for r in reqs:
-            engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
-        steps = 0
-        while engine.has_work():
-            engine.step()
-            steps += 1
-        _sync(args.device)
-        secs = time.perf_counter() - t0
+    return engine
+
+
+def run_workload(engine: LLMEngine, reqs: list[BenchRequest], on_step=None) -> tuple[float, int]:
+    """Add every request, step until done; returns (seconds, steps). `on_step(record)` sees each step."""
+    _sync(engine.config.device)
+    t0 = time.perf_counter()
+    for r in reqs:
+        engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+    steps = 0
+    while engine.has_work():
+        record = engine.step()
+        if on_step is not None:
+            on_step(record)
+        steps += 1
+    _sync(engine.config.device)
+    return time.perf_counter() - t0, steps
+
+
+def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str,
+               max_seqs: int | None = None, overlap: bool = False) -> dict:
+    engine = bench_engine(weights, reqs, args, cuda_graphs, max_seqs, overlap)
+    passes = [run_workload(engine, reqs) for _ in range(_passes(args.device))]
+    times = _timed([secs for secs, _ in passes])
+    secs = statistics.median(times)
     useful = sum(r.max_tokens for r in reqs)
-    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=steps)
+    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=passes[-1][1],
+                pass_seconds=times)
 
 
 def _dummy_decode(engine: LLMEngine, n: int):
@@ -86,14 +114,18 @@ def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str)
     with torch.no_grad():
         warm = torch.tensor([list(reqs[0].prompt_ids[:8])], device=args.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
-        for _ in range(_passes(args.device)):  # the last pass is the timed one
+        times = []
+        for _ in range(_passes(args.device)):
             _sync(args.device)
             t0 = time.perf_counter()
             _hf_pass(model, reqs, args, batch_size, pad)
-        _sync(args.device)
-        secs = time.perf_counter() - t0
+            _sync(args.device)
+            times.append(time.perf_counter() - t0)
+    times = _timed(times)
+    secs = statistics.median(times)
     useful = sum(r.max_tokens for r in reqs)
-    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=None)
+    return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=None,
+                pass_seconds=times)
 
 
 def _hf_pass(model, reqs: list[BenchRequest], args, batch_size: int, pad: int) -> None:
@@ -134,6 +166,8 @@ def main() -> None:
     if args.batch1:
         one = [BenchRequest(reqs[0].prompt_ids[:32], args.batch1_tokens)]
         if cuda:
+            rows.append(dict(run_engine(weights, one, args, True, "engine batch 1 (CUDA graphs, overlapped)",
+                                        overlap=True), workload="batch 1"))
             rows.append(dict(run_engine(weights, one, args, True, "engine batch 1 (CUDA graphs)"), workload="batch 1"))
         rows.append(dict(run_engine(weights, one, args, False, "engine batch 1 (eager)"), workload="batch 1"))
         if not args.no_hf:
@@ -144,6 +178,8 @@ def main() -> None:
         # Same concurrency for both: a static batch of `cap`, or at most `cap` sequences running.
         wl = f"{len(reqs)} mixed, <= {cap} at once"
         if cuda:
+            rows.append(dict(run_engine(weights, reqs, args, True, "engine (continuous, graphs, overlapped)", cap,
+                                        overlap=True), workload=wl))
             rows.append(dict(run_engine(weights, reqs, args, True, "engine (continuous, CUDA graphs)", cap), workload=wl))
         rows.append(dict(run_engine(weights, reqs, args, False, "engine (continuous, eager)", cap), workload=wl))
         if not args.no_hf:

@@ -106,6 +106,21 @@ class BlockManager:
         self.tables[seq_id] = list(prefix_blocks)
         self.num_tokens[seq_id] = prefix_tokens
 
+    def try_append(self, seq_id: int, num_new_tokens: int) -> list[BlockCopy] | None:
+        """`append_slots` if the pool has room, else None with nothing changed. The common decode
+        case (the token fits in an unshared tail block) costs two dict lookups, not two passes of
+        `blocks_needed_to_append`: a scheduler calls this for every running sequence every step."""
+        table = self.tables.get(seq_id)
+        if table is not None and num_new_tokens > 0:
+            have = self.num_tokens[seq_id]
+            if have + num_new_tokens <= len(table) * self.block_size and (
+                    not have % self.block_size or self.ref_counts[table[-1]] == 1):
+                self.num_tokens[seq_id] = have + num_new_tokens
+                return []
+        if self.blocks_needed_to_append(seq_id, num_new_tokens) > self.available_blocks():
+            return None
+        return self.append_slots(seq_id, num_new_tokens)
+
     def append_slots(self, seq_id: int, num_new_tokens: int) -> list[BlockCopy]:
         """Reserve slots for `num_new_tokens` more tokens. All-or-nothing: on failure nothing changes."""
         if self.blocks_needed_to_append(seq_id, num_new_tokens) > self.available_blocks():

@@ -59,6 +59,9 @@ class EngineConfig:
     dtype: str = "float32"
     kernel_backend: KernelBackend = "auto"
     cuda_graphs: bool = False
+    # Overlapped decode (engine/overlap.py): while the GPU computes a greedy decode step the host
+    # schedules and launches the next one, reading the tokens a step late. Needs CUDA graphs.
+    overlap_decode: bool = False
     profile_kernels: bool = True
     weights: Literal["real", "random"] = "real"
     # "light" drops the per-block pool picture, block tables and per-request states from each
@@ -102,6 +105,8 @@ class EngineConfig:
             raise ValueError("EngineConfig tree knobs: spec_tree_nodes in [1, 128], spec_tree_depth and "
                              f"spec_tree_topk in [1, 16]; got {self.spec_tree_nodes}, {self.spec_tree_depth}, "
                              f"{self.spec_tree_topk}")
+        if self.overlap_decode and not self.cuda_graphs:
+            raise ValueError("EngineConfig.overlap_decode needs cuda_graphs=True (it overlaps graph replays)")
         if not 0 <= self.spec_gamma <= 16:
             raise ValueError(f"EngineConfig.spec_gamma must be in [0, 16], got {self.spec_gamma}")
         if self.spec_draft_layers < 1 or not 1 <= self.spec_ngram_min <= self.spec_ngram_max:

@@ -5,6 +5,7 @@ keeps the records.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from engine.model import LlamaModel
 from engine.sampler import sample_next
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SeqStatus
+from engine.sequence import PENDING, Sequence, SeqStatus
 from engine.pool_view import light_pool_summary, memory_split, pool_summary
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
                           ScheduledSeq, StepRecord)
@@ -92,7 +93,18 @@ class LLMEngine:
         self._ids = itertools.count()
         self._orders = itertools.count()
         self._arrival_clock: dict[str, float] = {}
+        # Bookkeeping kept incrementally: a step must not walk every sequence ever added (a server
+        # run keeps thousands of finished ones).
+        self._awaiting_arrival: list[Sequence] = []  # first sequence of requests not yet arrived
+        self._unfinished: set[int] = set()  # seq ids
+        self._request_ids: set[str] = set()
         self._memory: tuple[int, MemorySplit] | None = None  # (step measured, split): light records
+        self._ready_records: collections.deque[StepRecord] = collections.deque()
+        self.overlap = None
+        if config.overlap_decode:
+            from engine.overlap import DecodePipeline
+
+            self.overlap = DecodePipeline(self)
 
     # ---- requests ---------------------------------------------------------------------------------
     @property
@@ -139,7 +151,7 @@ class LLMEngine:
         if arrival < 0:
             raise ValueError(f"arrival_step must be >= 0, got {arrival_step}")
         rid = request_id or f"r{next(self._ids)}"
-        if any(s.request_id == rid for s in self.sequences):
+        if rid in self._request_ids:
             raise ValueError(f"request_id {rid!r} is already in use")
         if spec_gamma is not None and (not isinstance(spec_gamma, int) or isinstance(spec_gamma, bool)
                                        or not 0 <= spec_gamma <= 16):
@@ -154,8 +166,11 @@ class LLMEngine:
             seq.make_generator()
             parent = parent or seq
             self.sequences.append(seq)
+            self._unfinished.add(seq.seq_id)
             if i == 0:
                 self.scheduler.add(seq)
+                self._awaiting_arrival.append(seq)
+        self._request_ids.add(rid)
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -164,18 +179,39 @@ class LLMEngine:
                 self._finish(seq, "aborted")
 
     def has_work(self) -> bool:
-        return any(not s.finished for s in self.sequences)
+        return bool(self._unfinished or self._ready_records or (self.overlap is not None and self.overlap.inflight))
 
     # ---- one iteration ----------------------------------------------------------------------------
     def step(self) -> StepRecord:
+        """Run one iteration and return its record. With `overlap_decode`, records arrive one call
+        late (a step's tokens are read while the GPU computes the next one); see engine/overlap.py."""
+        if self._ready_records:
+            return self._ready_records.popleft()
+        if self.overlap is not None:
+            record = self.overlap.step()
+            if record is not None:
+                return record
+            if self._ready_records:
+                return self._ready_records.popleft()
+        t0, step, sched = self._schedule_step()
+        return self._run_step(t0, step, sched)
+
+    def _schedule_step(self):
+        """The host half of an iteration: note arrivals, pick the batch, copy-on-write copies."""
         t0 = time.perf_counter()
         step = self.step_index
-        for seq in self.sequences:
+        if self._awaiting_arrival:
             # <=: a request added with an arrival step already past arrives now.
-            if seq.arrival_step <= step and seq.request_id not in self._arrival_clock:
-                self._arrival_clock[seq.request_id] = self.clock
+            for seq in self._awaiting_arrival:
+                if seq.arrival_step <= step:
+                    self._arrival_clock[seq.request_id] = self.clock
+            self._awaiting_arrival = [s for s in self._awaiting_arrival if s.arrival_step > step]
         sched = self.scheduler.schedule(step)
         self.pool.copy_blocks(sched.copies)
+        return t0, step, sched
+
+    def _run_step(self, t0: float, step: int, sched) -> StepRecord:
+        """Forward pass, sampling and the record of a scheduled iteration (synchronous)."""
         if self.speculator is not None:
             self.speculator.drafter.on_block_copies(sched.copies)
         # Speculative decoding: drafts for sequences scheduled with lookahead slots (trims unused ones).
@@ -225,13 +261,17 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.mirror(batch)  # a draft model keeps its own KV in step with the target
             self.counters["forward_passes"] += 1
+            prefill_tokens = decode_tokens = cached_tokens = 0
             for seq, n in sched.scheduled:
                 phase = "prefill" if seq.in_prefill else "decode"
-                self.counters["prefill_tokens_computed" if phase == "prefill" else "decode_tokens_computed"] += n
+                if phase == "prefill":
+                    prefill_tokens += n
+                else:
+                    decode_tokens += n
                 if seq.num_computed_tokens == seq.num_cached_tokens:
                     # First pass since admission. Not only prefills: a returning preempted request can
                     # find all but its last token cached, and then this pass looks like a decode.
-                    self.counters["prompt_tokens_cached"] += seq.num_cached_tokens
+                    cached_tokens += seq.num_cached_tokens
                 start = seq.num_computed_tokens
                 seq.num_computed_tokens += n
                 if phase == "prefill" and self.scheduler.prefix_cache is not None:
@@ -248,14 +288,22 @@ class LLMEngine:
                     self.speculator.drafter.observe(seq, list(range(start, start + n)), hidden[r0:r0 + n])
                 batch_view.append(ScheduledSeq(seq.label, seq.seq_id, phase, n, seq.num_computed_tokens,
                                                seq.num_cached_tokens if phase == "prefill" else 0))
-            wall_so_far = time.perf_counter() - t0
-            # One argmax and one device-to-host copy for every greedy row, not one per row.
+            c = self.counters
+            c["prefill_tokens_computed"] += prefill_tokens
+            c["decode_tokens_computed"] += decode_tokens
+            c["prompt_tokens_cached"] += cached_tokens
+            now = self.clock + time.perf_counter() - t0
+            # One argmax and one device-to-host copy for every greedy row, not one per row; a greedy
+            # row never needs its own logits view (indexing a tensor costs microseconds a row).
             greedy = logits.argmax(-1).tolist() if logits.shape[0] else []
             for seq, i in samplers:
-                self._sample_into(seq, logits[i], step, self.clock + wall_so_far, emitted, finished,
+                if seq.params.greedy and seq.params.n == 1:
+                    self._sample_into(seq, None, step, now, emitted, finished, greedy[i])
+                    continue
+                self._sample_into(seq, logits[i], step, now, emitted, finished,
                                   greedy[i] if seq.params.greedy else None)
                 for child in self._pending_children(seq):
-                    self._fork(seq, child, logits[i], step, self.clock + wall_so_far, emitted, finished)
+                    self._fork(seq, child, logits[i], step, now, emitted, finished)
         wall = time.perf_counter() - t0
         self.clock += wall
         record = self._record(step, wall, forward_seconds, batch_view, emitted, sched.preempted, finished)
@@ -290,34 +338,45 @@ class LLMEngine:
             return logits
         return self.model.forward(batch, self.pool)
 
-    def _sample_into(self, seq: Sequence, logits: torch.Tensor, step: int, now: float,
-                     emitted: list[EmittedToken], finished: list[str], token: int | None = None) -> None:
+    def _sample_into(self, seq: Sequence, logits: torch.Tensor | None, step: int, now: float,
+                     emitted: list[EmittedToken], finished: list[str], token: int | None = None,
+                     at: int | None = None) -> None:
+        """Append the sampled (or given) token, or with `at` put it in place of a pending
+        placeholder (overlapped decode); then check the stop conditions."""
         if token is None:
             token = sample_next(logits, seq.params, seq.generator)
-        seq.token_ids.append(token)
+        if at is None:
+            seq.token_ids.append(token)
+        else:
+            seq.token_ids[at] = token
         if seq.first_token_step < 0:
             seq.first_token_step = step
             seq.first_token_time = now
         seq.token_times.append(now)
         emitted.append(EmittedToken(seq.label, seq.seq_id, token, self.tokenizer.decode_token(token)))
-        reason = self._stop_reason(seq, token)
+        reason = self._stop_reason(seq, token, None if at is None else at + 1)
         if reason:
             self._finish(seq, reason, step)
             finished.append(seq.label)
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str:
+    def _stop_reason(self, seq: Sequence, token: int, length: int | None = None) -> str:
+        """`length`: the sequence's known tokens when placeholders follow (overlapped decode)."""
         p = seq.params
         if not p.ignore_eos and token in self.model_config.eos_token_ids:
             return "eos"
+        end = seq.num_tokens if length is None else length
         if p.stop:
-            text = self.tokenizer.decode(seq.output_ids)
+            text = self.tokenizer.decode(seq.token_ids[seq.prompt_len:end])
             if any(s in text for s in p.stop):
                 return "stop"
-        if seq.output_len >= p.max_tokens:
+        if end - seq.prompt_len >= p.max_tokens:
             return "length"
         return ""
 
     def _finish(self, seq: Sequence, reason: str, step: int | None = None) -> None:
+        while seq.token_ids and seq.token_ids[-1] == PENDING:  # overlapped decode ran one step ahead
+            seq.token_ids.pop()
+        seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
         prefix_cache = self.scheduler.prefix_cache
         if prefix_cache is not None and seq.seq_id in self.block_manager.tables:
             prefix_cache.on_finish(seq)
@@ -328,6 +387,7 @@ class LLMEngine:
         seq.finish_reason = reason
         seq.finish_step = self.step_index if step is None else step
         seq.fork_parent = None
+        self._unfinished.discard(seq.seq_id)
 
     # ---- records ----------------------------------------------------------------------------------
     def _record(self, step, wall, forward_seconds, batch_view, emitted, preempted, finished) -> StepRecord:
@@ -414,7 +474,7 @@ class LLMEngine:
         return GenerationResult(request_id, tuple(seqs[0].token_ids[: seqs[0].prompt_len]), samples)
 
     def _text(self, seq: Sequence) -> str:
-        ids = seq.output_ids
+        ids = [t for t in seq.output_ids if t != PENDING]
         if seq.finish_reason == "eos":
             ids = ids[:-1]  # the end-of-turn marker is a control token, not text
         text = self.tokenizer.decode(ids)

@@ -107,7 +107,7 @@ def build_forward_batch(
 
 def _to_device(fields: list[list[int]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     """One host-to-device copy for several integer fields, returned as views. On a GPU each small
-    copy is a synchronous transfer of ~20 us (eight of them were a tenth of a batch-1 decode step).
+    copy costs ~20 us of launch and transfer (eight of them were a tenth of a batch-1 decode step).
     Every field starts on a 16-byte boundary, as Triton's pointer specialisation expects."""
     align = 16 // torch.empty((), dtype=dtype).element_size()
     flat: list[int] = []
@@ -116,5 +116,11 @@ def _to_device(fields: list[list[int]], dtype: torch.dtype, device: torch.device
         starts.append(len(flat))
         flat += f
         flat += [0] * (-len(flat) % align)
-    whole = torch.tensor(flat, dtype=dtype).to(device)
+    whole = torch.tensor(flat, dtype=dtype)
+    if device.type == "cuda":
+        # From pinned memory the copy is asynchronous; from pageable memory the driver may wait for
+        # the stream first, which would stall the host behind the GPU (engine/overlap.py).
+        whole = whole.pin_memory().to(device, non_blocking=True)
+    else:
+        whole = whole.to(device)
     return [whole[s:s + len(f)] for s, f in zip(starts, fields)]

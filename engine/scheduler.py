@@ -85,14 +85,17 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while not self.bm.can_append(seq.seq_id, n):
+            copies = self.bm.try_append(seq.seq_id, n)
+            while copies is None:
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
                     break
+                copies = self.bm.try_append(seq.seq_id, n)
             if seq.status != SeqStatus.RUNNING:
                 continue  # seq itself was preempted; self.running shrank under index i
-            out.copies += self.bm.append_slots(seq.seq_id, n)
+            if copies:
+                out.copies += copies
             out.scheduled.append((seq, n))
             budget -= n
             i += 1

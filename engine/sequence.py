@@ -18,6 +18,10 @@ class SeqStatus(str, Enum):
 
 _seq_counter = itertools.count()
 
+# Token id of an output token the GPU has computed but the host has not read yet (overlapped
+# decode, engine/overlap.py): it is computed from the device copy and resolved one step later.
+PENDING = -1
+
 
 @dataclass(eq=False)
 class Sequence:

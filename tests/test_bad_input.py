@@ -67,3 +67,10 @@ def test_engine_keeps_serving_after_bad_requests(engine) -> None:
     assert len(engine.result(other).token_ids) == 3
     engine.block_manager.check_invariants()
     assert engine.block_manager.num_free_blocks == 16
+
+
+def test_engine_config_names_what_a_knob_needs() -> None:
+    with pytest.raises(ValueError, match="overlap_decode needs cuda_graphs"):
+        EngineConfig(overlap_decode=True)
+    with pytest.raises(ValueError, match="num_blocks"):
+        EngineConfig(num_blocks=0)

@@ -44,6 +44,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert self.bm.ref_counts[c.dst] == 1
 
     @precondition(lambda self: self.lengths)
+    @rule(data=st.data(), n=st.integers(1, 9))
+    def try_append(self, data, n: int) -> None:
+        """The scheduler's one-call append: room exactly when can_append says so, the same effect as
+        append_slots when there is, no change at all when there is not."""
+        sid = data.draw(st.sampled_from(sorted(self.lengths)))
+        before = list(self.bm.tables[sid])
+        fits = self.bm.can_append(sid, n)
+        copies = self.bm.try_append(sid, n)
+        assert (copies is not None) == fits
+        if copies is None:
+            assert self.bm.tables[sid] == before and self.bm.num_tokens[sid] == self.lengths[sid]
+            return
+        self.lengths[sid] += n
+        for c in copies:
+            assert c.src in before and c.dst in self.bm.tables[sid]
+            assert self.bm.ref_counts[c.dst] == 1
+
+    @precondition(lambda self: self.lengths)
     @rule(data=st.data())
     def fork(self, data) -> None:
         parent = data.draw(st.sampled_from(sorted(self.lengths)))

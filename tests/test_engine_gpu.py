@@ -55,3 +55,49 @@ def test_trained_drafters_are_lossless_on_cuda(random_weights, drafter) -> None:
     spec = _outputs(random_weights, kernel_backend="triton", dtype="float32", spec_drafter=drafter, spec_gamma=3,
                     spec_tree_nodes=16)
     assert spec == plain
+
+
+def _overlap_run(weights, reqs, params_for, **cfg):
+    engine = LLMEngine(EngineConfig(weights="random", device="cuda", dtype="float32", max_num_batched_tokens=256,
+                                    max_model_len=1024, cuda_graphs=True, **cfg), weights)
+    rids = [engine.add_request(list(r.prompt_ids), params_for(i, r), arrival_step=i % 5) for i, r in enumerate(reqs)]
+    records = []
+    while engine.has_work():
+        records.append(engine.step())
+    results = [engine.result(r) for r in rids]
+    return [(r.token_ids, r.samples[0].finish_reason, r.text) for r in results], records, engine
+
+
+@pytest.mark.parametrize("num_blocks", [512, 40])
+def test_overlapped_decode_matches_synchronous(random_weights, num_blocks) -> None:
+    """The same tokens, finish reasons and texts with overlap_decode on and off, for requests that
+    stop on length, on an EOS the model really produces, on a stop string, or sample with a
+    temperature (those steps run synchronously); 40 blocks force preemptions."""
+    import dataclasses
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    reqs = mixed_requests(12, seed=5, output_range=(4, 40))
+    base, _, _ = _overlap_run(random_weights, reqs, lambda i, r: SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
+                              num_blocks=512)
+    eos = base[0][0][3]  # a token request 0 produces mid-answer becomes the end-of-sequence token
+    weights = dataclasses.replace(random_weights, config=dataclasses.replace(random_weights.config, eos_token_ids=(eos,)))
+    text = base[2][2]
+    stop = text[len(text) // 2: len(text) // 2 + 2] or "e"
+
+    def params(i: int, r) -> SamplingParams:
+        if i % 4 == 1:
+            return SamplingParams(max_tokens=r.max_tokens, temperature=0.8, seed=i)
+        if i % 4 == 2:
+            return SamplingParams(max_tokens=r.max_tokens, stop=(stop,))
+        return SamplingParams(max_tokens=r.max_tokens)
+
+    sync, sync_records, _ = _overlap_run(weights, reqs, params, num_blocks=num_blocks)
+    over, over_records, engine = _overlap_run(weights, reqs, params, num_blocks=num_blocks, overlap_decode=True)
+    assert over == sync
+    assert any(reason == "eos" for _, reason, _ in over)
+    assert [r.step for r in over_records] == list(range(len(over_records)))  # every step once, in order
+    assert sum(len(r.emitted) for r in over_records) == sum(len(t) for t, _, _ in over)
+    if num_blocks == 40:
+        assert any(r.preempted for r in over_records)
+    engine.block_manager.check_invariants()
+    assert engine.block_manager.num_free_blocks == num_blocks

@@ -187,6 +187,7 @@ def train_loop(params: list[torch.nn.Parameter], loss_fn: Callable[[list[Convers
     t0 = time.time()
     step, tokens_seen = 0, 0
     epoch = 0
+    log.add(step=0, **{f"held_out_{k}": round(v, 4) for k, v in evaluate().items()})  # where this run starts
     while step < total and time.time() - t0 < minutes * 60:
         for group in batches(data.train, batch_tokens, seed=epoch):
             if step >= total or time.time() - t0 >= minutes * 60:

@@ -16,17 +16,22 @@ from engine.speculative.heads import HEADS_DIR
 VOCAB_FILE = HEADS_DIR / "draft_vocab.safetensors"
 
 
+def draft_vocab_ids(size: int, vocab_size: int) -> torch.Tensor | None:
+    """The `size` most frequent answer tokens (int64), or None for the full vocabulary (size 0, size
+    >= the vocabulary, or no vocabulary file)."""
+    if not size or size >= vocab_size or not VOCAB_FILE.exists():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(VOCAB_FILE))["token_ids"][:size].long()
+
+
 class DraftLMHead:
     def __init__(self, embed: torch.Tensor, size: int) -> None:
         self.vocab_size = embed.shape[0]
-        self.ids: torch.Tensor | None = None
-        self.rows = embed
-        if size and size < self.vocab_size and VOCAB_FILE.exists():
-            from safetensors.torch import load_file
-
-            ids = load_file(str(VOCAB_FILE))["token_ids"][:size].to(device=embed.device, dtype=torch.long)
-            self.ids = ids
-            self.rows = embed[ids].contiguous()
+        ids = draft_vocab_ids(size, self.vocab_size)
+        self.ids = None if ids is None else ids.to(embed.device)
+        self.rows = embed if self.ids is None else embed[self.ids].contiguous()
 
     @property
     def size(self) -> int:

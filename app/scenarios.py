@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 # Engine knobs a scenario may set; everything else in EngineConfig belongs to the server.
 ENGINE_KEYS: tuple[str, ...] = (
     "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "policy",
-    "chunked_prefill", "enable_prefix_cache", "kernel_backend", "cuda_graphs", "seed",
+    "chunked_prefill", "enable_prefix_cache", "kernel_backend", "cuda_graphs", "overlap_decode", "seed",
     "spec_drafter", "spec_gamma", "spec_draft_layers", "spec_tree_nodes", "spec_tree_depth", "spec_tree_topk",
     "spec_draft_vocab",
 )
@@ -92,7 +92,7 @@ _REQUEST_TYPES: dict[str, tuple[type, ...]] = {
 _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "block_size": (int,), "num_blocks": (int,), "max_num_seqs": (int,), "max_num_batched_tokens": (int,),
     "max_model_len": (int,), "policy": (str,), "chunked_prefill": (bool,), "enable_prefix_cache": (bool,),
-    "kernel_backend": (str,), "cuda_graphs": (bool,), "seed": (int,),
+    "kernel_backend": (str,), "cuda_graphs": (bool,), "overlap_decode": (bool,), "seed": (int,),
     "spec_drafter": (str,), "spec_gamma": (int,), "spec_draft_layers": (int,),
     "spec_tree_nodes": (int,), "spec_tree_depth": (int,), "spec_tree_topk": (int,), "spec_draft_vocab": (int,),
 }

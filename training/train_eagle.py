@@ -21,6 +21,7 @@ Writes engine/assets/spec_heads/eagle.safetensors (fp16) and eagle.log.json.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,26 @@ def unroll_mask(width: int, step: int) -> torch.Tensor:
     return torch.cat([torch.ones(width, width, dtype=torch.bool).tril(), *([eye] * step)], dim=1)[None]
 
 
+def unrolled_features(eagle: EagleLayer, feats: torch.Tensor, step_embeds: Callable[[int], torch.Tensor],
+                      rope: RopeTables, steps: int) -> Iterator[torch.Tensor]:
+    """Step k's predicted features [B, T, h] for k = 0..steps-1. feats [B, T, h]: the true features
+    of positions 0..T-1; step_embeds(k) [B, T, h]: the embeddings of tokens i + k + 1. Row i of step k
+    sits at position i + k and attends to step 0's rows 0..i and its own rows of steps 1..k."""
+    b, width = feats.shape[:2]
+    pos = torch.arange(width, device=feats.device)[None].expand(b, -1)
+    past_k: list[torch.Tensor] = []
+    past_v: list[torch.Tensor] = []
+    for k in range(steps):
+        cos, sin = rope(pos + k)
+        past = None if k == 0 else (torch.cat(past_k, 2), torch.cat(past_v, 2))
+        mask = None if k == 0 else unroll_mask(width, k).to(feats.device)
+        pred, key, val = eagle(feats, step_embeds(k), cos, sin, mask, past)
+        past_k.append(key)
+        past_v.append(val)
+        yield pred
+        feats = pred.float()  # the next step reads this step's prediction for the same row
+
+
 def main() -> None:
     ap = base_parser(__doc__, epochs=3.0, lr=5e-4, minutes=25.0)
     ap.add_argument("--noise", type=float, default=0.1,
@@ -98,21 +119,14 @@ def main() -> None:
         feats = pad_stack([c.features[:-1] for c in group])
         if noise and args.ttt_steps == 1:
             feats = feats + (torch.rand_like(feats) * 2 - 1) * noise * rms
-        pos = torch.arange(width)[None].expand(len(group), -1)
-        out, past_k, past_v = [], [], []
-        for k in range(args.ttt_steps):
-            rows = step_rows(group, k, width)
-            keep = rows.labels >= 0
-            cos, sin = rope(pos + k)
-            with mixed_precision(bf16):
-                past = None if k == 0 else (torch.cat(past_k, 2), torch.cat(past_v, 2))
-                pred, key, val = eagle(feats, embed[rows.tokens], cos, sin, None if k == 0 else unroll_mask(width, k),
-                                       past)
+        steps = [step_rows(group, k, width) for k in range(args.ttt_steps)]
+        out = []
+        with mixed_precision(bf16):
+            preds = unrolled_features(eagle, feats, lambda k: embed[steps[k].tokens], rope, args.ttt_steps)
+            for rows, pred in zip(steps, preds):
+                keep = rows.labels >= 0
                 logits = pred[keep] @ head.T
-            past_k.append(key)
-            past_v.append(val)
-            out.append((pred[keep].float(), rows.target_features[keep], logits.float(), to_sub[rows.labels[keep]]))
-            feats = pred.float()  # the next step reads this step's prediction for the same row
+                out.append((pred[keep].float(), rows.target_features[keep], logits.float(), to_sub[rows.labels[keep]]))
         return out
 
     def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:

@@ -99,65 +99,72 @@ class Kernels:
             return f"torch reference kernels on {where}"
         return f"Triton kernels on {torch.cuda.get_device_name(self.device) if self.device.type == 'cuda' else 'CPU (interpreter)'}"
 
+    def _call(self, family: str, name: str, cost: Callable[[], tuple[float, float]], *args, **kwargs):
+        """Run a family's implementation, timed with its (FLOPs, bytes) when profiling. Without
+        profiling the cost is never computed: summing over every sequence of a 256-request batch
+        in every layer cost milliseconds of host time per eager step."""
+        impl = self._impls[family]
+        if not self.timer.enabled:
+            return impl(*args, **kwargs)
+        flops, nbytes = cost()
+        with self.timer.timed(name, self.label(family), flops, nbytes):
+            return impl(*args, **kwargs)
+
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        t, h, d = k.shape
-        nbytes = 4 * t * h * d * k.element_size()  # read k, v; write both into the pool
-        with self.timer.timed("kv_store", self.label("store_kv"), 0.0, nbytes):
-            self._impls["store_kv"](k, v, k_cache, v_cache, slot_mapping)
+        # read k, v; write both into the pool
+        self._call("store_kv", "kv_store", lambda: (0.0, 4 * k.numel() * k.element_size()),
+                   k, v, k_cache, v_cache, slot_mapping)
 
     def prefill_attention(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float, seq_lens: list[int]):
-        hq, d = q.shape[1], q.shape[2]
-        # Causal: about half the L x L score matrix, 2 matmuls of 2 FLOPs per multiply-add.
-        flops = sum(2 * 2 * hq * d * (n * (n + 1) / 2) for n in seq_lens)
-        nbytes = (2 * q.numel() + 2 * k.numel()) * q.element_size()
-        with self.timer.timed("attention.prefill", self.label("prefill_attention"), flops, nbytes):
-            return self._impls["prefill_attention"](q, k, v, cu_seqlens, max_seqlen, scale)
+        def cost() -> tuple[float, float]:
+            hq, d = q.shape[1], q.shape[2]
+            # Causal: about half the L x L score matrix, 2 matmuls of 2 FLOPs per multiply-add.
+            flops = sum(2 * 2 * hq * d * (n * (n + 1) / 2) for n in seq_lens)
+            return flops, (2 * q.numel() + 2 * k.numel()) * q.element_size()
+        return self._call("prefill_attention", "attention.prefill", cost, q, k, v, cu_seqlens, max_seqlen, scale)
 
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                         max_query_len: int, max_seq_len: int, scale: float,
                         q_lens: list[int], ctx_lens: list[int]):
-        flops, nbytes = _paged_cost(q, k_cache, q_lens, ctx_lens)
         name = "attention.decode" if max_query_len == 1 else "attention.paged"
-        with self.timer.timed(name, self.label("paged_attention"), flops, nbytes):
-            return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens,
-                                                  query_start_loc, max_query_len, max_seq_len, scale)
+        return self._call("paged_attention", name, lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
+                          q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
+                          scale)
 
     def tree_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int,
                        max_seq_len: int, scale: float, q_lens: list[int], ctx_lens: list[int], tree_masks):
         """Paged attention for a batch in which some sequence verifies a draft tree: an explicit
         mask over its new rows (each row sees the cached context, its ancestors and itself)."""
-        flops, nbytes = _paged_cost(q, k_cache, q_lens, ctx_lens)
-        with self.timer.timed("attention.tree", self.label("paged_attention"), flops, nbytes):
-            return self._impls["paged_attention"](q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                                  max_query_len, max_seq_len, scale, tree_masks=tree_masks)
+        return self._call("paged_attention", "attention.tree", lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
+                          q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
+                          scale, tree_masks=tree_masks)
 
     # ---- fused elementwise families -----------------------------------------------------------
     def rmsnorm(self, x, weight, eps: float, residual=None):
         """(rmsnorm(x [+ residual]) * weight, x + residual or None); see kernels.rmsnorm_ref."""
-        n, e = x.numel(), x.element_size()
-        w_bytes = weight.numel() * weight.element_size()
-        if residual is None:
-            flops, nbytes = 4 * n, 2 * n * e + w_bytes  # read x, write out
-        else:
-            flops, nbytes = 5 * n, 4 * n * e + w_bytes  # read x, residual; write out, new residual
-        with self.timer.timed("rmsnorm", self.label("rmsnorm"), flops, nbytes):
-            return self._impls["rmsnorm"](x, weight, eps, residual)
+        def cost() -> tuple[float, float]:
+            n, e = x.numel(), x.element_size()
+            w_bytes = weight.numel() * weight.element_size()
+            if residual is None:
+                return 4 * n, 2 * n * e + w_bytes  # read x, write out
+            return 5 * n, 4 * n * e + w_bytes  # read x, residual; write out, new residual
+        return self._call("rmsnorm", "rmsnorm", cost, x, weight, eps, residual)
 
     def rope_store(self, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq: int, hkv: int, d: int):
         """RoPE on q/k + K/V into the pool: (q, k, v); see kernels.rope_store_ref."""
-        t, e = qkv.shape[0], qkv.element_size()
-        rot = t * (hq + hkv) * d
-        flops = 3 * rot  # two multiplies and an add per rotated element
-        nbytes = (t * (hq + 2 * hkv) * d * e  # read qkv
-                  + rot * e  # write q, k
-                  + 2 * t * hkv * d * k_cache.element_size()  # write K, V into the pool
-                  + t * d * 4  # cos + sin rows (fp32, D/2 each)
-                  + t * (positions.element_size() + slot_mapping.element_size()))
-        with self.timer.timed("rope_store", self.label("rope_store"), flops, nbytes):
-            return self._impls["rope_store"](qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, hq, hkv, d)
+        def cost() -> tuple[float, float]:
+            t, e = qkv.shape[0], qkv.element_size()
+            rot = t * (hq + hkv) * d
+            nbytes = (t * (hq + 2 * hkv) * d * e  # read qkv
+                      + rot * e  # write q, k
+                      + 2 * t * hkv * d * k_cache.element_size()  # write K, V into the pool
+                      + t * d * 4  # cos + sin rows (fp32, D/2 each)
+                      + t * (positions.element_size() + slot_mapping.element_size()))
+            return 3 * rot, nbytes  # two multiplies and an add per rotated element
+        return self._call("rope_store", "rope_store", cost, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                          hq, hkv, d)
 
     def silu_mul(self, gate_up):
         """silu(gate_up[:, :I]) * gate_up[:, I:] -> [T, I]; see kernels.silu_mul_ref."""
         n = gate_up.numel() // 2
-        with self.timer.timed("silu_mul", self.label("silu_mul"), 5 * n, 3 * n * gate_up.element_size()):
-            return self._impls["silu_mul"](gate_up)
+        return self._call("silu_mul", "silu_mul", lambda: (5 * n, 3 * n * gate_up.element_size()), gate_up)

@@ -6,7 +6,7 @@ ways: host time until the call returns (every launch queued, no sync), wall time
 finish, and GPU time from CUDA events. Then lists the host-side cost per op with the torch profiler.
 Prints a table and writes JSON.
 
-    python3 bench/prefill_launch_profile.py --seqs 60 --tokens 8192
+    python3 bench/prefill_launch_profile.py --seqs 60 --tokens 8192 [--graphs]
 """
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--graphs", action="store_true",
+                    help="the engine with CUDA graphs: the step runs as piecewise graphs (engine/piecewise_graphs.py)")
     ap.add_argument("--out", default="bench/results/prefill_launch_profile.json")
     args = ap.parse_args()
     per = args.tokens // args.seqs
     blocks = -(-per // 16) * args.seqs + 8
     cfg = EngineConfig(device="cuda", dtype="bfloat16", weights="random", num_blocks=blocks, max_num_seqs=args.seqs,
                        max_num_batched_tokens=args.tokens, max_model_len=1 << (per - 1).bit_length(),
-                       profile_kernels=False, trace_detail="light")
+                       profile_kernels=False, trace_detail="light", cuda_graphs=args.graphs)
     engine = LLMEngine(cfg, load_weights("random"))
     fresh = [(list(range(100 + s, 100 + s + per)), 0, list(range(s * -(-per // 16) * 16, s * -(-per // 16) * 16 + per)))
              for s in range(args.seqs)]
@@ -69,10 +71,10 @@ def main() -> None:
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
     launches = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-    res = dict(seqs=args.seqs, tokens=per * args.seqs, host_ms=1e3 * statistics.median(host),
+    res = dict(graphs=args.graphs, seqs=args.seqs, tokens=per * args.seqs, host_ms=1e3 * statistics.median(host),
                wall_ms=1e3 * statistics.median(wall), gpu_ms=1e3 * statistics.median(gpu), gpu_kernels=launches,
                profile=table)
-    print(f"{res['tokens']} tokens in {args.seqs} fresh prompts: host (launch) {res['host_ms']:.2f} ms, "
+    print(f"{'piecewise graphs' if args.graphs else 'eager'}: {res['tokens']} tokens in {args.seqs} fresh prompts: host (launch) {res['host_ms']:.2f} ms, "
           f"wall {res['wall_ms']:.2f} ms, GPU {res['gpu_ms']:.2f} ms, {launches} GPU kernels "
           f"(medians of {args.repeats})")
     print(table)

@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler pass: GPU time per kernel")
     ap.add_argument("--skip-batch1", action="store_true")
+    ap.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false")
     ap.add_argument("--first-steps", type=int, default=8, help="steps listed one by one")
     ap.add_argument("--out", default="bench/results/step_profile.json")
     args = ap.parse_args()

@@ -12,8 +12,9 @@ median is reported (the GPU machine's host speed varies from run to run).
     python bench/throughput.py --concurrency 16,8,4              # CPU, real model, 16 requests
     python bench/throughput.py --device cuda --weights random --num-requests 256 --batch1
 
-On CUDA the engine runs three ways: eager, with CUDA graphs, and with CUDA graphs plus overlapped
-decode (the host schedules step k + 1 while the GPU computes step k: engine/overlap.py).
+On CUDA the engine runs three ways: eager, with CUDA graphs (decode steps as whole graphs, prefill
+steps as piecewise graphs around attention: engine/piecewise_graphs.py), and with CUDA graphs plus
+overlapped decode (the host schedules step k + 1 while the GPU computes step k: engine/overlap.py).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def bench_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, max
     tokens_needed = sum(len(r.prompt_ids) + r.max_tokens for r in reqs)
     cfg = EngineConfig(
         device=args.device, dtype=args.dtype, weights=args.weights, cuda_graphs=cuda_graphs, overlap_decode=overlap,
+        prefill_graphs=getattr(args, "prefill_graphs", True),
         num_blocks=-(-tokens_needed // 16) + len(reqs) + 8, block_size=16, max_num_seqs=max_seqs or len(reqs),
         max_num_batched_tokens=args.budget, max_model_len=max_len, profile_kernels=False, trace_detail="light",
     )
@@ -155,6 +157,8 @@ def main() -> None:
     ap.add_argument("--batch1", action="store_true", help="also measure one request alone (decode speed)")
     ap.add_argument("--batch1-tokens", type=int, default=256)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false",
+                    help="with CUDA graphs, run prefill steps eagerly (graphs for decode steps only)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")

@@ -59,6 +59,9 @@ class EngineConfig:
     dtype: str = "float32"
     kernel_backend: KernelBackend = "auto"
     cuda_graphs: bool = False
+    # With cuda_graphs, steps with prefill tokens run as piecewise graphs too: everything but attention
+    # captured per token-count bucket (engine/piecewise_graphs.py). Not while profiling kernels.
+    prefill_graphs: bool = True
     # Overlapped decode (engine/overlap.py): while the GPU computes a greedy decode step the host
     # schedules and launches the next one, reading the tokens a step late. Needs CUDA graphs.
     overlap_decode: bool = False

@@ -78,6 +78,10 @@ class LLMEngine:
             from engine.cuda_graphs import DecodeGraphRunner
 
             self.graph_runner = DecodeGraphRunner(self.model, self.pool, config.max_model_len, config.block_size)
+            if config.prefill_graphs:
+                from engine.piecewise_graphs import PiecewiseGraphRunner
+
+                self.model.piecewise = PiecewiseGraphRunner(self.model, self.pool, config.max_num_batched_tokens)
         # Counted from what the forward passes really computed (not from the scheduler's intent).
         self.counters = {"forward_passes": 0, "prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "prompt_tokens_cached": 0}

@@ -79,6 +79,7 @@ class LlamaModel:
         self.cos, self.sin = rope_cache(cfg, max_len, device)
         self.scale = cfg.head_dim ** -0.5
         self.weight_bytes = w.nbytes
+        self.piecewise = None  # a PiecewiseGraphRunner when the engine runs prefill steps as CUDA graphs
 
     # ---- pieces ------------------------------------------------------------------------------------
     def _linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -117,26 +118,44 @@ class LlamaModel:
         Fused where launches cost more than arithmetic (batch-1 decode is ~10 kernels a layer, not
         ~30): the residual add rides in the next RMSNorm, RoPE writes K/V straight into the pool,
         SiLU and the gating multiply are one pass."""
-        cfg, K = self.cfg, self.kernels
-        hq, hkv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        if self.piecewise is not None and self.piecewise.usable(batch, num_layers):
+            return self.piecewise.hidden_states(batch)
+        K = self.kernels
         n = batch.num_tokens
-        with K.timer.timed("embedding", "torch", 0, n * cfg.hidden_size * self.embed.element_size()):
+        with K.timer.timed("embedding", "torch", 0, n * self.cfg.hidden_size * self.embed.element_size()):
             h = self.embed[batch.input_ids]  # the sublayer output still to be added to the stream
         residual = None  # the residual stream before adding h
-        for i, L in enumerate(self.layers[:num_layers]):
-            x, residual = K.rmsnorm(h, L["attn_norm"], eps, residual)
-            if residual is None:  # layer 0: the stream starts as the embedding
-                residual = h
-            qkv = self._linear("linear.qkv", x, L["qkv"])
-            k_cache, v_cache = pool.layer(i)
-            q, k, v = K.rope_store(qkv, batch.positions, self.cos, self.sin, k_cache, v_cache,
-                                   batch.slot_mapping, hq, hkv, d)
+        for i in range(len(self.layers[:num_layers])):
+            q, k, v, residual = self.pre_attention(i, h, residual, batch.positions, batch.slot_mapping, pool)
             attn = self.attention(q, k, v, i, batch, pool)
-            o = self._linear("linear.o", attn.reshape(n, hq * d), L["o"])
-            x, residual = K.rmsnorm(o, L["mlp_norm"], eps, residual)
-            act = K.silu_mul(self._linear("linear.gate_up", x, L["gate_up"]))
-            h = self._linear("linear.down", act, L["down"])
-        out, _ = K.rmsnorm(h, self.final_norm, eps, residual)
+            h, residual = self.post_attention(i, attn, residual)
+        return self.final_hidden(h, residual)
+
+    # The three pieces of the pass around attention (engine/piecewise_graphs.py replays them as CUDA
+    # graphs for prefill steps, with attention run eagerly in between).
+    def pre_attention(self, i: int, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                      slot_mapping: torch.Tensor, pool: KVPool):
+        """RMSNorm (+ the pending residual add), fused QKV, RoPE and the K/V store: (q, k, v, residual)."""
+        cfg, K, L = self.cfg, self.kernels, self.layers[i]
+        x, residual = K.rmsnorm(h, L["attn_norm"], cfg.rms_norm_eps, residual)
+        if residual is None:  # layer 0: the stream starts as the embedding
+            residual = h
+        qkv = self._linear("linear.qkv", x, L["qkv"])
+        k_cache, v_cache = pool.layer(i)
+        q, k, v = K.rope_store(qkv, positions, self.cos, self.sin, k_cache, v_cache, slot_mapping,
+                               cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        return q, k, v, residual
+
+    def post_attention(self, i: int, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """O projection, RMSNorm with the residual add, SwiGLU MLP: (sublayer output, residual)."""
+        cfg, K, L = self.cfg, self.kernels, self.layers[i]
+        o = self._linear("linear.o", attn.reshape(attn.shape[0], cfg.num_heads * cfg.head_dim), L["o"])
+        x, residual = K.rmsnorm(o, L["mlp_norm"], cfg.rms_norm_eps, residual)
+        act = K.silu_mul(self._linear("linear.gate_up", x, L["gate_up"]))
+        return self._linear("linear.down", act, L["down"]), residual
+
+    def final_hidden(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        out, _ = self.kernels.rmsnorm(h, self.final_norm, self.cfg.rms_norm_eps, residual)
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

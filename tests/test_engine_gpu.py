@@ -31,6 +31,12 @@ def test_triton_graphs_and_reference_agree(random_weights, dtype) -> None:
     tri = _outputs(random_weights, kernel_backend="triton", dtype=dtype)
     graphs = _outputs(random_weights, kernel_backend="triton", dtype=dtype, cuda_graphs=True)
     assert graphs == tri
+    # Unprofiled, prefill steps run as piecewise CUDA graphs (engine/piecewise_graphs.py); with the
+    # decode graphs only, they run eagerly.
+    piecewise = _outputs(random_weights, kernel_backend="triton", dtype=dtype, cuda_graphs=True, profile_kernels=False)
+    decode_only = _outputs(random_weights, kernel_backend="triton", dtype=dtype, cuda_graphs=True,
+                           profile_kernels=False, prefill_graphs=False)
+    assert piecewise == decode_only == tri
     if dtype == "float32":
         assert tri == ref
     else:
@@ -55,11 +61,15 @@ def test_trained_drafters_are_lossless_on_cuda(random_weights, drafter) -> None:
     spec = _outputs(random_weights, kernel_backend="triton", dtype="float32", spec_drafter=drafter, spec_gamma=3,
                     spec_tree_nodes=16)
     assert spec == plain
+    # Verification passes (tree or chain rows beside prefill chunks) through the piecewise prefill graphs.
+    graphs = _outputs(random_weights, kernel_backend="triton", dtype="float32", spec_drafter=drafter, spec_gamma=3,
+                      spec_tree_nodes=16, cuda_graphs=True, profile_kernels=False)
+    assert graphs == plain
 
 
 def _overlap_run(weights, reqs, params_for, **cfg):
     engine = LLMEngine(EngineConfig(weights="random", device="cuda", dtype="float32", max_num_batched_tokens=256,
-                                    max_model_len=1024, cuda_graphs=True, **cfg), weights)
+                                    max_model_len=1024, cuda_graphs=True, profile_kernels=False, **cfg), weights)
     rids = [engine.add_request(list(r.prompt_ids), params_for(i, r), arrival_step=i % 5) for i, r in enumerate(reqs)]
     records = []
     while engine.has_work():

@@ -26,10 +26,9 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from engine.speculative.draft_vocab import draft_vocab_ids
 from engine.speculative.heads import HEADS_DIR, EagleLayer, RopeTables, save_head
 from training.common import (Conversation, TrainLog, add_resume_option, base_parser, cumulative_summary,
-                             mixed_precision, pad_stack, resume_committed, resumed_from, setup, train_loop)
+                             draft_vocab_head, mixed_precision, pad_stack, resume_committed, resumed_from, setup, train_loop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +105,7 @@ def main() -> None:
         previous = resume_committed("eagle", eagle, cfg)
     rope = RopeTables(cfg, 4096 + args.ttt_steps)
     rms = float(torch.cat([c.features for c in data.train[:50]]).pow(2).mean().sqrt())
-    ids = draft_vocab_ids(args.draft_vocab, embed.shape[0])
-    ids = torch.arange(embed.shape[0]) if ids is None else ids
-    head = embed[ids]
-    to_sub = torch.full((embed.shape[0] + 1,), -100, dtype=torch.long)  # index -100 wraps to the last entry
-    to_sub[ids] = torch.arange(len(ids))
+    head, to_sub = draft_vocab_head(embed, args.draft_vocab)
 
     def run(group: list[Conversation], noise: float, bf16: bool = False) -> list[tuple[torch.Tensor, ...]]:
         """Per unroll step: (predicted features, target features, draft-vocab logits, labels) of the

@@ -1,5 +1,7 @@
 """Train Medusa heads by self-distillation: head k on the target's feature at t learns the token the
-target itself chose at t + 2 + k (greedy data, so that is the target's argmax there).
+target itself chose at t + 2 + k (greedy data, so that is the target's argmax there). The loss is
+over the drafters' vocabulary (`--draft-vocab`, as the engine drafts; held-out figures use the
+full vocabulary, comparable across runs).
 
 `python -m training.train_medusa [--heads 4] [--epochs 2] [--minutes 20]`
 Writes engine/assets/spec_heads/medusa.safetensors (fp16) and medusa.log.json.
@@ -11,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.speculative.heads import HEADS_DIR, MedusaHeads, save_head
 from training.common import (Conversation, TrainLog, add_resume_option, base_parser, cumulative_summary,
-                             mixed_precision, resume_committed, resumed_from, setup, train_loop)
+                             draft_vocab_head, mixed_precision, resume_committed, resumed_from, setup, train_loop)
 def head_rows(convs: list[Conversation], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features at t, token at t + 2 + k) for every t whose label is an answer token."""
     feats, labels = [], []
@@ -29,6 +31,8 @@ def main() -> None:
     ap = base_parser(__doc__, epochs=2.0, lr=1e-3, minutes=20.0)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the forward pass (about 2x faster)")
+    ap.add_argument("--draft-vocab", type=int, default=8192,
+                    help="vocabulary of the training loss (the engine drafts over it); 0 = all 49152")
     add_resume_option(ap, "medusa")
     args = ap.parse_args()
     data, embed, weights = setup()
@@ -37,15 +41,17 @@ def main() -> None:
     if args.resume:
         previous = resume_committed("medusa", heads, weights.config)
     decay = [0.8 ** k for k in range(args.heads)]  # Medusa's per-head weights: later heads matter less
+    head, to_sub = draft_vocab_head(embed, args.draft_vocab)
 
     def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:
         total = torch.zeros(())
         stats = {}
         for k in range(args.heads):
             f, y = head_rows(group, k)
+            y = to_sub[y]
             with mixed_precision(args.bf16):
-                logits = heads.forward(f)[k] @ embed.T
-            loss = F.cross_entropy(logits.float(), y)
+                logits = heads.forward(f)[k] @ head.T
+            loss = F.cross_entropy(logits.float(), y, ignore_index=-100)
             total = total + decay[k] * loss
             stats[f"acc{k}"] = float((logits.argmax(-1) == y).float().mean())
         return total, stats

@@ -176,11 +176,19 @@ def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
     tokens = s.get("tokens_seen_total", s["tokens_seen"])
     minutes = s.get("train_minutes_total", s["train_minutes"])
     runs = training_runs(log)
-    resumed = f" (in {runs} runs, each resumed from the one before, with more data)" if runs > 1 else ""
+    resumed = f" (in {runs} runs, each resumed from the one before)" if runs > 1 else ""
+    depths = [s[k] for k in sorted((k for k in s if k.startswith("held_out_draft_top1_step")),
+                                   key=lambda k: int(k.rsplit("step", 1)[1]))]
+    unrolled = ""
+    if log.get("config", {}).get("ttt_steps", 1) > 1 and depths:
+        unrolled = (f" The last run trained on its own predictions, unrolled {len(depths)} levels deep as drafting "
+                    f"uses it (EAGLE-3's training-time test); held-out top-1 at tree depth 1 to {len(depths)}: "
+                    + " / ".join(f"{v:.0%}" for v in depths) + ".")
     return (f"Self-distilled on **{d['conversations']} conversations** the model answered itself ({d['prompt_tokens']:,} "
             f"prompt + {d['generated_tokens']:,} generated tokens, {d['decoding']}): **{steps} optimiser steps**, "
             f"{tokens:,} tokens seen, {minutes} min on this CPU{resumed}. Held-out "
-            f"({d.get('held_out_conversations', '?')} conversations) top-1 agreement with the target: {acc_text}.")
+            f"({d.get('held_out_conversations', '?')} conversations) top-1 agreement with the target: {acc_text}."
+            + unrolled)
 
 
 # ---- Medusa vs EAGLE vs plain on one scenario -----------------------------------------------------

@@ -111,7 +111,7 @@ def _dummy_decode(engine: LLMEngine, n: int):
 
 def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str) -> dict:
     dtype = getattr(torch, args.dtype)
-    model = hf_reference_model(weights).to(device=args.device, dtype=dtype).eval()
+    model = hf_reference_model(weights, attn_implementation=args.hf_attn).to(device=args.device, dtype=dtype).eval()
     pad = 0
     with torch.no_grad():
         warm = torch.tensor([list(reqs[0].prompt_ids[:8])], device=args.device)
@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--batch1", action="store_true", help="also measure one request alone (decode speed)")
     ap.add_argument("--batch1-tokens", type=int, default=256)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"],
+                    help="Hugging Face attention implementation (sdpa: transformers' default)")
     ap.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false",
                     help="with CUDA graphs, run prefill steps eagerly (graphs for decode steps only)")
     ap.add_argument("--out", default="")
@@ -190,7 +192,7 @@ def main() -> None:
             rows.append(dict(run_hf(weights, reqs, args, cap, f"HF generate (padded static batches of {cap})"),
                              workload=wl))
     base = {r["workload"]: r["tok_per_s"] for r in rows if r["system"].startswith("HF")}
-    print(f"\ndevice={args.device} ({torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'}) "
+    print(f"\nHF attention: {args.hf_attn}; device={args.device} ({torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'}) "
           f"weights={args.weights} dtype={args.dtype} torch={torch.__version__}")
     print(f"{'workload':<22} {'system':<44} {'tokens':>7} {'seconds':>8} {'tok/s':>9} {'vs HF':>6}")
     for r in rows:
@@ -200,7 +202,7 @@ def main() -> None:
               f"{r['tok_per_s']:>9.1f} {ratio:>6.2f}")
     out = Path(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(device=args.device, weights=args.weights, dtype=args.dtype,
+    out.write_text(json.dumps(dict(device=args.device, weights=args.weights, dtype=args.dtype, hf_attn=args.hf_attn,
                                    torch=torch.__version__, rows=rows), indent=2))
     print(f"wrote {out}")
 

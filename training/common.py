@@ -217,7 +217,7 @@ def train_loop(params: list[torch.nn.Parameter], loss_fn: Callable[[list[Convers
             tokens_seen += sum(len(c.tokens) for c in group)
             step += 1
             if step % 10 == 0:
-                log.add(step=step, loss=round(float(loss), 4), **{k: round(v, 4) for k, v in stats.items()})
+                log.add(step=step, loss=round(float(loss.detach()), 4), **{k: round(v, 4) for k, v in stats.items()})
             if step % eval_every == 0:
                 log.add(step=step, **{f"held_out_{k}": round(v, 4) for k, v in evaluate().items()})
         epoch += 1

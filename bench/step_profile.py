@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.throughput import bench_engine, run_workload  # noqa: E402
+from bench.throughput import add_engine_options, apply_device_defaults, bench_engine, run_workload  # noqa: E402
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
 
@@ -90,22 +90,14 @@ def profile_workload(weights, reqs: list[BenchRequest], args, cuda_graphs: bool,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--weights", default="random", choices=["real", "random"])
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--budget", type=int, default=0)
-    ap.add_argument("--batch1-tokens", type=int, default=256)
+    add_engine_options(ap, device="cuda", weights="random", num_requests=256)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler pass: GPU time per kernel")
     ap.add_argument("--skip-batch1", action="store_true")
-    ap.add_argument("--no-prefill-graphs", dest="prefill_graphs", action="store_false")
     ap.add_argument("--first-steps", type=int, default=8, help="steps listed one by one")
     ap.add_argument("--out", default="bench/results/step_profile.json")
     args = ap.parse_args()
-    cuda = args.device.startswith("cuda")
-    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    args.budget = args.budget or (8192 if cuda else 512)
+    cuda = apply_device_defaults(args)
     weights = load_weights(args.weights)
     reqs = mixed_requests(args.num_requests)
     one = [BenchRequest(reqs[0].prompt_ids[:32], args.batch1_tokens)]

@@ -106,7 +106,7 @@ def test_greedy_tree_speculation_is_lossless(real_weights, plain, drafter, knobs
 def test_tree_speculation_survives_preemption(real_weights):
     """A pool too small for all four requests: preemption by recompute, trees on top, same tokens."""
     params = SamplingParams(max_tokens=24)
-    small = dict(num_blocks=14, max_model_len=256)
+    small = dict(num_blocks=10, max_model_len=256)
     base, _ = _run(LLMEngine(_config(**small), real_weights), params)
     engine = LLMEngine(_config(spec_drafter="eagle", spec_tree_nodes=12, **small), real_weights)
     out, records = _run(engine, params)

@@ -19,7 +19,7 @@ from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.sampler import sample_next
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import PENDING, Sequence, SeqStatus
 from engine.pool_view import light_pool_summary, memory_split, pool_summary
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
@@ -200,7 +200,7 @@ class LLMEngine:
         t0, step, sched = self._schedule_step()
         return self._run_step(t0, step, sched)
 
-    def _schedule_step(self):
+    def _schedule_step(self) -> tuple[float, int, SchedulerOutput]:
         """The host half of an iteration: note arrivals, pick the batch, copy-on-write copies."""
         t0 = time.perf_counter()
         step = self.step_index
@@ -214,7 +214,7 @@ class LLMEngine:
         self.pool.copy_blocks(sched.copies)
         return t0, step, sched
 
-    def _run_step(self, t0: float, step: int, sched) -> StepRecord:
+    def _run_step(self, t0: float, step: int, sched: SchedulerOutput) -> StepRecord:
         """Forward pass, sampling and the record of a scheduled iteration (synchronous)."""
         if self.speculator is not None:
             self.speculator.drafter.on_block_copies(sched.copies)

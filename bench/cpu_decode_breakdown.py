@@ -8,13 +8,14 @@ ten full-batch decode steps give each family's time per step. Prints a table and
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results_io import write_results  # noqa: E402
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -47,11 +48,8 @@ def main() -> None:
           f"{wall * 1e3:.1f} ms a step")
     for name, secs in sorted(per_step.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<22} {secs * 1e3:8.2f} ms")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(threads=args.threads, requests=args.requests, step_ms=wall * 1e3,
-                                   kernels_ms={k: v * 1e3 for k, v in per_step.items()}), indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, dict(threads=args.threads, requests=args.requests, step_ms=wall * 1e3,
+                                   kernels_ms={k: v * 1e3 for k, v in per_step.items()}))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,16 @@ keeps results bit-identical (greedy exactness against Hugging Face). Prints a ta
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results_io import write_results  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
@@ -48,10 +52,7 @@ def main() -> None:
             same = torch.equal(torch.ops.mkl._mkl_linear(x, packed_w, w, None, m), F.linear(x, w))
             rows.append(dict(rows=m, weight=name, linear_us=plain * 1e6, packed_us=packed * 1e6, bit_identical=same))
             print(f"{m:>4} {name:<8} {plain * 1e6:>12.1f} {packed * 1e6:>10.1f} {str(same):>14}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(threads=args.threads, torch=torch.__version__, rows=rows), indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, dict(threads=args.threads, torch=torch.__version__, rows=rows))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,6 +20,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results_io import write_results  # noqa: E402
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -78,10 +79,7 @@ def main() -> None:
           f"wall {res['wall_ms']:.2f} ms, GPU {res['gpu_ms']:.2f} ms, {launches} GPU kernels "
           f"(medians of {args.repeats})")
     print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, res)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import cProfile
 import gc
 import io
-import json
 import pstats
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results_io import write_results  # noqa: E402
 
 from bench.throughput import add_engine_options, apply_device_defaults, bench_engine, run_workload  # noqa: E402
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
@@ -120,10 +121,7 @@ def main() -> None:
                   f"{t['host_ms']:>8.3f} {t['total_s']:>8.3f}")
         print(res["cprofile_top"])
         print(res["kernels_top"])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(device=args.device, torch=torch.__version__, results=results), indent=1))
-    print(f"wrote {out}")
+    write_results(args.out, dict(device=args.device, torch=torch.__version__, results=results))
 
 
 if __name__ == "__main__":

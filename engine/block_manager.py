@@ -117,9 +117,10 @@ class BlockManager:
                     not have % self.block_size or self.ref_counts[table[-1]] == 1):
                 self.num_tokens[seq_id] = have + num_new_tokens
                 return []
-        if self.blocks_needed_to_append(seq_id, num_new_tokens) > self.available_blocks():
+        try:
+            return self.append_slots(seq_id, num_new_tokens)  # checks room first; changes nothing if short
+        except NoFreeBlocksError:
             return None
-        return self.append_slots(seq_id, num_new_tokens)
 
     def append_slots(self, seq_id: int, num_new_tokens: int) -> list[BlockCopy]:
         """Reserve slots for `num_new_tokens` more tokens. All-or-nothing: on failure nothing changes."""

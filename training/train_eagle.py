@@ -108,8 +108,8 @@ def main() -> None:
     head, to_sub = draft_vocab_head(embed, args.draft_vocab)
 
     def run(group: list[Conversation], noise: float, bf16: bool = False) -> list[tuple[torch.Tensor, ...]]:
-        """Per unroll step: (predicted features, target features, draft-vocab logits, labels) of the
-        rows with a label, plus full-vocab logits for step 0 when not training."""
+        """Per unroll step, for the rows with a label: (predicted features, target features,
+        draft-vocab logits, labels as full-vocabulary token ids)."""
         width = max(len(c.tokens) for c in group) - 1
         feats = pad_stack([c.features[:-1] for c in group])
         if noise and args.ttt_steps == 1:
@@ -121,12 +121,13 @@ def main() -> None:
             for rows, pred in zip(steps, preds):
                 keep = rows.labels >= 0
                 logits = pred[keep] @ head.T
-                out.append((pred[keep].float(), rows.target_features[keep], logits.float(), to_sub[rows.labels[keep]]))
+                out.append((pred[keep].float(), rows.target_features[keep], logits.float(), rows.labels[keep]))
         return out
 
     def loss_fn(group: list[Conversation]) -> tuple[torch.Tensor, dict]:
         total, stats = 0.0, {}
-        for k, (pred, tf, logits, y) in enumerate(run(group, args.noise, bf16=not args.fp32)):
+        for k, (pred, tf, logits, labels) in enumerate(run(group, args.noise, bf16=not args.fp32)):
+            y = to_sub[labels]
             reg = F.smooth_l1_loss(pred, tf)
             cls = F.cross_entropy(logits, y, ignore_index=-100)
             total = total + args.ttt_decay ** k * (reg + args.cls_weight * cls)
@@ -139,14 +140,12 @@ def main() -> None:
         """Held-out: top-1 / top-3 of step 0 over the full vocabulary (comparable across runs), and
         top-1 over the draft vocabulary at every unroll depth (what the tree's levels achieve)."""
         steps = run(data.held_out, 0.0)
-        pred, tf, _, _ = steps[0]
-        labels = step_rows(data.held_out, 0, max(len(c.tokens) for c in data.held_out) - 1).labels
-        y = labels[labels >= 0]
+        pred, tf, _, y = steps[0]
         top = (pred @ embed.T).topk(3, dim=-1).indices
         res = {"top1": float((top[:, 0] == y).float().mean()), "top3": float((top == y[:, None]).any(-1).float().mean()),
                "reg": float(F.smooth_l1_loss(pred, tf))}
-        for k, (_, _, logits, ys) in enumerate(steps):
-            res[f"draft_top1_step{k + 1}"] = float((logits.argmax(-1) == ys).float().mean())
+        for k, (_, _, logits, labels) in enumerate(steps):
+            res[f"draft_top1_step{k + 1}"] = float((logits.argmax(-1) == to_sub[labels]).float().mean())
         return res
 
     log = TrainLog("eagle", vars(args) | resumed_from(previous), data.meta)

@@ -65,6 +65,9 @@ class EngineConfig:
     # Overlapped decode (engine/overlap.py): while the GPU computes a greedy decode step the host
     # schedules and launches the next one, reading the tokens a step late. Needs CUDA graphs.
     overlap_decode: bool = False
+    # Programmatic dependent launch between the Triton kernels of a step (Hopper and newer, only
+    # when kernels are not being profiled): each kernel starts while the previous one finishes.
+    programmatic_launch: bool = True
     profile_kernels: bool = True
     weights: Literal["real", "random"] = "real"
     # "light" drops the per-block pool picture, block tables and per-request states from each

@@ -60,7 +60,8 @@ class LLMEngine:
         self.weights = weights or load_weights(config.weights, device="cpu")
         self.model_config = self.weights.config
         self.tokenizer = self.weights.tokenizer
-        self.kernels = Kernels(config.kernel_backend, self.device, config.profile_kernels)
+        self.kernels = Kernels(config.kernel_backend, self.device, config.profile_kernels,
+                               pdl=config.programmatic_launch)
         self.model = LlamaModel(self.model_config, self.weights.state_dict, self.kernels, self.device,
                                 self.dtype, config.max_model_len)
         self.pool = KVPool(self.model_config, config.num_blocks, config.block_size, self.dtype, self.device)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
@@ -83,13 +82,7 @@ class LlamaModel:
 
     # ---- pieces ------------------------------------------------------------------------------------
     def _linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        t = self.kernels.timer
-        if not t.enabled:
-            return F.linear(x, w)
-        flops = 2 * x.shape[0] * w.shape[0] * w.shape[1]
-        nbytes = (w.numel() + x.numel() + x.shape[0] * w.shape[0]) * x.element_size()
-        with t.timed(name, "torch", flops, nbytes):
-            return F.linear(x, w)
+        return self.kernels.linear(name, x, w)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch,
                   pool: KVPool) -> torch.Tensor:

@@ -10,6 +10,7 @@ import os
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from kernels.kv_store_ref import store_kv_ref
 from kernels.paged_attention_ref import paged_attention_ref
@@ -44,6 +45,29 @@ _REF_IMPLS: dict[str, Callable] = {
 }
 
 
+# Largest batch (rows) whose kernels are PDL-launched: the GEMV's.
+PDL_MAX_ROWS = 8
+# Families whose Triton implementation takes the `pdl` switch (every kernel of a decode step).
+_PDL_FAMILIES = frozenset({"paged_attention", "rmsnorm", "rope_store", "silu_mul"})
+
+
+def _pdl_supported(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    from kernels.gemv_triton import pdl_supported
+    return pdl_supported(device)
+
+
+def _gemv_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    from kernels.gemv_triton import gemv_applies
+    return gemv_applies(x, w)
+
+
+def _gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    from kernels.gemv_triton import DEFAULT_BLOCK_N, gemv_triton
+    return gemv_triton(x, w, pdl=pdl, block_n=DEFAULT_BLOCK_N)
+
+
 def _paged_cost(q: torch.Tensor, k_cache: torch.Tensor, q_lens, ctx_lens) -> tuple[float, float]:
     """FLOPs and bytes of attention over paged context: QK^T and PV for every query row against its
     context; reads Q, the context's K and V, writes O."""
@@ -73,11 +97,16 @@ def resolve_backend(requested: str, device: torch.device) -> str:
 class Kernels:
     """Kernel families behind one object; every call is timed and counted into `timer`."""
 
-    def __init__(self, backend: str, device: torch.device, profile: bool = True) -> None:
+    def __init__(self, backend: str, device: torch.device, profile: bool = True, pdl: bool = True) -> None:
         self.device = torch.device(device)
         self.backend = resolve_backend(backend, self.device)
         self.timer = KernelTimer(self.device, enabled=profile)
         self._impls = {name: self._load(name) for name in _REF_IMPLS}
+        # Programmatic dependent launch between our Triton kernels (Hopper and newer): each kernel
+        # launches while the previous one finishes and waits on-device for its output
+        # (kernels/gemv_triton.py). Off when profiling: per-kernel CUDA events measure launches
+        # one at a time anyway.
+        self.pdl = pdl and self.backend == "triton" and not profile and _pdl_supported(self.device)
 
     def _load(self, family: str) -> Callable:
         if self.backend == "torch":
@@ -99,12 +128,22 @@ class Kernels:
             return f"torch reference kernels on {where}"
         return f"Triton kernels on {torch.cuda.get_device_name(self.device) if self.device.type == 'cuda' else 'CPU (interpreter)'}"
 
+    def _use_pdl(self, rows: int) -> bool:
+        """PDL only where it was measured to pay (bench/NOTES_kernels.md v7): kernels of decode-sized
+        batches captured into a CUDA graph, where the gap between dependent kernels is the cost.
+        Eager launches are bound by the host, and with PDL on every kernel the synchronous engine
+        measured slower on 256 requests (H200, two runs each: 24-26k vs 35-41k tok/s with graphs,
+        4.4-5.1k vs 6.6-6.8k eager)."""
+        return self.pdl and rows <= PDL_MAX_ROWS and torch.cuda.is_current_stream_capturing()
+
     def _call(self, family: str, name: str, cost: Callable[[], tuple[float, float]], *args, **kwargs):
         """Run a family's implementation, timed with its (FLOPs, bytes) when profiling. Without
         profiling the cost is never computed: summing over every sequence of a 256-request batch
         in every layer cost milliseconds of host time per eager step."""
         impl = self._impls[family]
         if not self.timer.enabled:
+            if family in _PDL_FAMILIES and self._use_pdl(args[0].shape[0]):
+                kwargs["pdl"] = True
             return impl(*args, **kwargs)
         flops, nbytes = cost()
         with self.timer.timed(name, self.label(family), flops, nbytes):
@@ -138,6 +177,17 @@ class Kernels:
         return self._call("paged_attention", "attention.tree", lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
                           q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
                           scale, tree_masks=tree_masks)
+
+    def linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x @ w.T: our Triton GEMV for decode-sized batches on the Triton backend
+        (kernels/gemv_triton.py), cuBLAS / the CPU's BLAS otherwise; the label says which ran."""
+        gemv = self.backend == "triton" and _gemv_applies(x, w)
+        if not self.timer.enabled:
+            return _gemv(x, w, pdl=self._use_pdl(x.shape[0])) if gemv else F.linear(x, w)
+        flops = 2 * x.shape[0] * w.shape[0] * w.shape[1]
+        nbytes = (w.numel() + x.numel() + x.shape[0] * w.shape[0]) * x.element_size()
+        with self.timer.timed(name, "triton" if gemv else "torch", flops, nbytes):
+            return _gemv(x, w) if gemv else F.linear(x, w)
 
     # ---- fused elementwise families -----------------------------------------------------------
     def rmsnorm(self, x, weight, eps: float, residual=None):

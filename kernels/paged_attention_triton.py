@@ -84,7 +84,11 @@ def _paged_attn_partial(
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     TREE: tl.constexpr = False,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     Q_PER_TILE: tl.constexpr = BLOCK_M // GROUP
     pid0 = tl.program_id(0)
     kvh = pid0 % HKV
@@ -286,7 +290,11 @@ def _paged_attn_reduce(
     SPLITS_PAD: tl.constexpr,
     HQ: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     j = tl.program_id(0)
     b = tl.program_id(1)
     head = tl.program_id(2)
@@ -425,6 +433,7 @@ def paged_attention_triton(
     fused_reduce: bool | None = None,
     tree_masks: tuple[torch.Tensor | None, ...] = (),
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Keyword-only knobs are for tests and the bench (kernel choice, tile/launch tuning, a
     preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger).
@@ -475,6 +484,7 @@ def paged_attention_triton(
               out.stride(0), out.stride(1),
               cfg["partition"])
     fused = False
+    launch = {"launch_pdl": True} if pdl else {}
     if kernel == "allheads":
         _paged_decode_allheads[(splits, batch)](
             *common, NUM_SPLITS=splits, HQ=hq, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
@@ -489,12 +499,12 @@ def paged_attention_triton(
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
-            num_warps=num_warps, num_stages=num_stages)
+            PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
             out, pm, pl, pacc, query_start_loc,
             out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d,
-            num_warps=4 if splits * d >= 2048 else 1,
+            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d, PDL=pdl,
+            num_warps=4 if splits * d >= 2048 else 1, **launch,
         )
     return out

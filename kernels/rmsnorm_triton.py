@@ -42,13 +42,19 @@ def _rmsnorm_kernel(
     BLOCK_T: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PRECISE: tl.constexpr,  # libdevice rsqrt (CUDA); the interpreter has no libdevice
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < H
     m = (rows < T)[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)[:, None]
+    w = tl.load(W + cols, mask=col_ok, other=0.0)  # constant: read before waiting
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     x = tl.load(X + rows64 * stride_x + cols[None, :], mask=m, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(R + rows64 * stride_r + cols[None, :], mask=m, other=0.0)
@@ -63,7 +69,6 @@ def _rmsnorm_kernel(
     else:
         rs = tl.math.rsqrt(ms)
     y = (hf * rs[:, None]).to(OUT.dtype.element_ty)
-    w = tl.load(W + cols, mask=col_ok, other=0.0)
     out = (y.to(tl.float32) * w.to(tl.float32)[None, :]).to(OUT.dtype.element_ty)
     tl.store(OUT + rows64 * stride_o + cols[None, :], out, mask=m)
 
@@ -73,6 +78,8 @@ def rmsnorm_triton(
     weight: torch.Tensor,  # [H], x's dtype
     eps: float,
     residual: torch.Tensor | None = None,  # [T, H], x's dtype
+    *,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (rmsnorm(h) * weight, h) with h = x + residual, or (rmsnorm(x) * weight, None).
     Both outputs are new contiguous tensors; the inputs are not modified."""
@@ -102,7 +109,7 @@ def rmsnorm_triton(
         t, float(eps), inv_h,
         x.stride(0), r.stride(0), out.stride(0), hout.stride(0),
         H=hdim, BLOCK_H=block_h, BLOCK_T=block_t, HAS_RESIDUAL=residual is not None,
-        PRECISE=not _INTERPRET,
-        num_warps=num_warps, enable_fp_fusion=False,
+        PRECISE=not _INTERPRET, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     return out, new_res

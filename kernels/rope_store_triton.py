@@ -45,8 +45,12 @@ def _rope_store_kernel(
     RH_PAD: tl.constexpr,  # next power of two of (HQ + HKV) * D / 2: the half-heads to rotate
     V_PAD: tl.constexpr,  # next power of two of HKV * D
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
 ):
     HALF: tl.constexpr = D // 2
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < T
@@ -110,6 +114,8 @@ def rope_store_triton(
     hq: int,
     hkv: int,
     d: int,
+    *,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (q [T,Hq,D] new contiguous, k [T,Hkv,D] new contiguous, v [T,Hkv,D] view of qkv)."""
     assert qkv.dim() == 2 and qkv.stride(1) == 1 and qkv.shape[1] == (hq + 2 * hkv) * d
@@ -135,7 +141,7 @@ def rope_store_triton(
         qkv.stride(0), cos.stride(0), sin.stride(0), q.stride(0), k.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HQ=hq, HKV=hkv, D=d, BLOCK_SIZE=k_cache.shape[1], RH_PAD=rh_pad, V_PAD=v_pad, BLOCK_T=block_t,
-        num_warps=4, enable_fp_fusion=False,
+        HQ=hq, HKV=hkv, D=d, BLOCK_SIZE=k_cache.shape[1], RH_PAD=rh_pad, V_PAD=v_pad, BLOCK_T=block_t, PDL=pdl,
+        num_warps=4, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     return q, k, v

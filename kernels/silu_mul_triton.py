@@ -37,7 +37,11 @@ def _silu_mul_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_I: tl.constexpr,
     PRECISE: tl.constexpr,  # libdevice expf (CUDA); the interpreter has no libdevice
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_t = tl.program_id(0)
     pid_i = tl.program_id(1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -67,7 +71,7 @@ def _block_i(i: int) -> int:
     return min(1024, triton.next_power_of_2(i))
 
 
-def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I], new contiguous
+def silu_mul_triton(gate_up: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:  # [T, 2I] -> [T, I], new contiguous
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     t, two_i = gate_up.shape
     i = two_i // 2
@@ -79,7 +83,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     grid = (triton.cdiv(t, block_t), triton.cdiv(i, block_i))
     _silu_mul_kernel[grid](
         gate_up, out, t, gate_up.stride(0), out.stride(0),
-        I=i, BLOCK_T=block_t, BLOCK_I=block_i, PRECISE=not _INTERPRET,
-        num_warps=4, enable_fp_fusion=False,
+        I=i, BLOCK_T=block_t, BLOCK_I=block_i, PRECISE=not _INTERPRET, PDL=pdl,
+        num_warps=4, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -13,6 +13,7 @@ before the call, requires every element to be written, and compares by ||out - r
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -269,6 +270,31 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON or torch is None, reason="trito
 @pytest.mark.parametrize("family", sorted(_CASES))
 def test_interpreter(family):
     _check(_run_child(family))
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ref_batched_decode_matches_one_sequence_at_a_time(seed):
+    """The reference's batched decode path (several single-token rows: one page-wise gather and one
+    padded SDPA) gives what each row gets alone (the per-sequence path), over shuffled pages,
+    contexts of different lengths and not multiples of the page, a prefill chunk in the same batch."""
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    gen = torch.Generator().manual_seed(seed)
+    bs, hkv, hq, d, nb = 16, 3, 9, 64, 64
+    kc, vc = torch.randn(nb, bs, hkv, d, generator=gen), torch.randn(nb, bs, hkv, d, generator=gen)
+    ctx = [int(x) for x in torch.randint(1, 120, (6,), generator=gen)]
+    q_lens = [1, 1, 5 if ctx[2] >= 5 else 1, 1, 1, 1]
+    tables = torch.randperm(nb, generator=gen)[:6 * 8].view(6, 8).to(torch.int32)
+    qsl = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32)
+    q = torch.randn(int(qsl[-1]), hq, d, generator=gen)
+    lens = torch.tensor(ctx, dtype=torch.int32)
+    out = paged_attention_ref(q, kc, vc, tables, lens, qsl, max(q_lens), max(ctx), 0.125)
+    for b in range(6):
+        s, e = int(qsl[b]), int(qsl[b + 1])
+        alone = paged_attention_ref(q[s:e], kc, vc, tables[b:b + 1], lens[b:b + 1],
+                                    torch.tensor([0, e - s], dtype=torch.int32), e - s, ctx[b], 0.125)
+        torch.testing.assert_close(out[s:e], alone, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kernels.kv_store_ref import store_kv_ref
 from kernels.paged_attention_ref import paged_attention_ref
+from kernels.pdl import pdl_supported
 from kernels.prefill_attention_ref import flash_attention_varlen_ref
 from kernels.rmsnorm_ref import rmsnorm_ref
 from kernels.rope_store_ref import rope_store_ref
@@ -52,21 +53,14 @@ PDL_MAX_ROWS = 8
 _PDL_FAMILIES = frozenset({"paged_attention", "rmsnorm", "rope_store", "silu_mul"})
 
 
-def _pdl_supported(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    from kernels.gemv_triton import pdl_supported
-    return pdl_supported(device)
-
-
 def _gemv_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     from kernels.gemv_triton import gemv_applies
     return gemv_applies(x, w)
 
 
 def _gemv(x: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    from kernels.gemv_triton import DEFAULT_BLOCK_N, gemv_triton
-    return gemv_triton(x, w, pdl=pdl, block_n=DEFAULT_BLOCK_N)
+    from kernels.gemv_triton import gemv_triton
+    return gemv_triton(x, w, pdl=pdl)
 
 
 def _paged_cost(q: torch.Tensor, k_cache: torch.Tensor, q_lens, ctx_lens) -> tuple[float, float]:
@@ -105,9 +99,9 @@ class Kernels:
         self._impls = {name: self._load(name) for name in _REF_IMPLS}
         # Programmatic dependent launch between our Triton kernels (Hopper and newer): each kernel
         # launches while the previous one finishes and waits on-device for its output
-        # (kernels/gemv_triton.py). Off when profiling: per-kernel CUDA events measure launches
+        # (kernels/pdl.py). Off when profiling: per-kernel CUDA events measure launches
         # one at a time anyway.
-        self.pdl = pdl and self.backend == "triton" and not profile and _pdl_supported(self.device)
+        self.pdl = pdl and self.backend == "triton" and not profile and pdl_supported(self.device)
 
     def _load(self, family: str) -> Callable:
         if self.backend == "torch":

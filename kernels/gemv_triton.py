@@ -8,43 +8,30 @@ weights do not depend on the previous kernel, so with PDL (Hopper's `griddepcont
 is launched while the previous one still runs, loads its whole weight slab into registers, and
 only then waits for the previous kernel's output (`gdc_wait`) to read the few activations. The
 other Triton kernels of a decode step take the same `pdl` switch, so one kernel's prologue overlaps
-the previous one's tail all along the chain (bench/pdl_chain.py, bench/NOTES_kernels.md).
+the previous one's tail all along the chain (kernels/pdl.py states the rule they all follow;
+bench/pdl_chain.py, bench/NOTES_kernels.md).
 
 Contract: x [M, K], w [N, K] (row-major, contiguous rows), returns y [M, N] in x's dtype with fp32
 accumulation. One program owns BLOCK_N output columns and holds their full K-long weight rows
 (K padded to a power of two, masked), then loops over the M rows. Meant for M <= MAX_M.
-
-PDL safety: every store and every read of a previous kernel's output happens after `gdc_wait`,
-which returns once the previous kernel in the stream has completed and its writes are visible; so
-with every kernel of a chain following the same rule, no kernel can observe or overwrite data of
-one still running. Constant data (weights) is read before the wait.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, pdl_supported
 from kernels.triton_compat import patch_interpreter
 
 patch_interpreter()
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_M = 8
 # Output columns per program. Measured on the H200 (bench/pdl_chain.py, graph-replayed, M = 1): 4
 # is the best or within 3 % of it for every projection of SmolLM2 (QKV, O, gate_up, down).
 DEFAULT_BLOCK_N = 4
 # Elements of a program's weight slab per thread kept in registers (bf16); more warps above it.
 _ELEMS_PER_WARP = 2048
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch needs Hopper (sm_90) or newer; the interpreter has none."""
-    if _INTERPRET or device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -90,10 +77,9 @@ def gemv_triton(x: torch.Tensor, w: torch.Tensor, *, pdl: bool = False, block_n:
     warps = max(1, min(16, bn * bk // _ELEMS_PER_WARP))
     warps = 1 << (warps.bit_length() - 1)  # a power of two
     use_pdl = pdl and pdl_supported(x.device)
-    extra = {"launch_pdl": True} if use_pdl else {}
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0),
-        K=k, BLOCK_N=bn, BLOCK_K=bk, PDL=use_pdl, num_warps=warps, **extra)
+        K=k, BLOCK_N=bn, BLOCK_K=bk, PDL=use_pdl, num_warps=warps, **launch_options(use_pdl))
     return out
 
 
@@ -104,4 +90,3 @@ MAX_N = 16384
 def gemv_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the engine's projection (`Kernels.linear`) takes the GEMV path for these shapes (else cuBLAS)."""
     return x.shape[0] <= MAX_M and w.shape[0] <= MAX_N and x.stride(-1) == 1 and w.stride(-1) == 1
-

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options
 from kernels.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -84,7 +85,7 @@ def _paged_attn_partial(
     FUSED_REDUCE: tl.constexpr = False,
     SPLITS_PAD: tl.constexpr = 1,
     TREE: tl.constexpr = False,
-    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -484,7 +485,7 @@ def paged_attention_triton(
               out.stride(0), out.stride(1),
               cfg["partition"])
     fused = False
-    launch = {"launch_pdl": True} if pdl else {}
+    launch = launch_options(pdl)
     if kernel == "allheads":
         _paged_decode_allheads[(splits, batch)](
             *common, NUM_SPLITS=splits, HQ=hq, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernels.pdl import launch_options
 from kernels.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -42,7 +43,7 @@ def _rmsnorm_kernel(
     BLOCK_T: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PRECISE: tl.constexpr,  # libdevice rsqrt (CUDA); the interpreter has no libdevice
-    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -110,6 +111,6 @@ def rmsnorm_triton(
         x.stride(0), r.stride(0), out.stride(0), hout.stride(0),
         H=hdim, BLOCK_H=block_h, BLOCK_T=block_t, HAS_RESIDUAL=residual is not None,
         PRECISE=not _INTERPRET, PDL=pdl,
-        num_warps=num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out, new_res

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options
 from kernels.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -45,7 +46,7 @@ def _rope_store_kernel(
     RH_PAD: tl.constexpr,  # next power of two of (HQ + HKV) * D / 2: the half-heads to rotate
     V_PAD: tl.constexpr,  # next power of two of HKV * D
     BLOCK_T: tl.constexpr,
-    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
     HALF: tl.constexpr = D // 2
     if PDL:
@@ -142,6 +143,6 @@ def rope_store_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HQ=hq, HKV=hkv, D=d, BLOCK_SIZE=k_cache.shape[1], RH_PAD=rh_pad, V_PAD=v_pad, BLOCK_T=block_t, PDL=pdl,
-        num_warps=4, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
+        num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )
     return q, k, v

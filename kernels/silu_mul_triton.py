@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernels.pdl import launch_options
 from kernels.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -37,7 +38,7 @@ def _silu_mul_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_I: tl.constexpr,
     PRECISE: tl.constexpr,  # libdevice expf (CUDA); the interpreter has no libdevice
-    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/gemv_triton.py explains)
+    PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -84,6 +85,6 @@ def silu_mul_triton(gate_up: torch.Tensor, *, pdl: bool = False) -> torch.Tensor
     _silu_mul_kernel[grid](
         gate_up, out, t, gate_up.stride(0), out.stride(0),
         I=i, BLOCK_T=block_t, BLOCK_I=block_i, PRECISE=not _INTERPRET, PDL=pdl,
-        num_warps=4, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
+        num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out

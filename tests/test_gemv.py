@@ -106,7 +106,7 @@ def test_gpu_gemv(dtype, m, pdl) -> None:
 @needs_cuda
 def test_gpu_pdl_decode_layer_in_graph(dtype) -> None:
     from kernels.dispatch import Kernels
-    from kernels.gemv_triton import pdl_supported
+    from kernels.pdl import pdl_supported
 
     if not pdl_supported(torch.device("cuda")):
         pytest.skip("PDL needs sm_90+")

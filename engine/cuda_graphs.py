@@ -28,15 +28,27 @@ class DecodeGraphRunner:
         self.max_model_len = max_model_len
         dev = model.device
         b = max(buckets)
-        # Static inputs shared by every bucket's graph (a graph reads the first `bucket` rows).
-        self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((b,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros((b, self.max_blocks), dtype=torch.int32, device=dev)
-        self.seq_lens = torch.ones(b, dtype=torch.int32, device=dev)
+        self._b = b
+        # Static inputs shared by every bucket's graph (a graph reads the first `bucket` rows), in two
+        # flat buffers so a step's inputs go over from pinned host memory in three copies
+        # (`replay_rows`): ids | positions | slots | gather rows as int64, seq_lens | block tables as
+        # int32 (the tables start on a 16-byte boundary, as Triton's pointer specialisation expects).
+        self._i64 = torch.zeros(4 * b, dtype=torch.int64, device=dev)
+        self.input_ids, self.positions = self._i64[:b], self._i64[b:2 * b]
+        self.slot_mapping, self._src = self._i64[2 * b:3 * b], self._i64[3 * b:]
+        self.slot_mapping.fill_(-1)
+        self._lens_pad = -(-b // 4) * 4
+        self._i32 = torch.zeros(self._lens_pad + b * self.max_blocks, dtype=torch.int32, device=dev)
+        self.seq_lens = self._i32[:b]
+        self.seq_lens.fill_(1)
+        self.block_tables = self._i32[self._lens_pad:].view(b, self.max_blocks)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
         self.row_ids = torch.arange(b, device=dev)
         self.no_fresh = torch.zeros(1, dtype=torch.int32, device=dev)
+        # Pinned staging, a ring of three: a set is refilled only after its previous copies left
+        # (its event), and with two steps in flight (engine/overlap.py) the third is always free.
+        self._staging = [_HostStaging(b, self._lens_pad, self.max_blocks) for _ in range(3)]
+        self._next_staging = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.mempool = torch.cuda.graph_pool_handle()
@@ -72,6 +84,51 @@ class DecodeGraphRunner:
         self.graphs[n] = graph
         self.capture_seconds += time.perf_counter() - t0
 
+    def replay_rows(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+                    gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """The decode step's path in overlapped decode (engine/overlap.py): rows given as host lists
+        (input token, position, KV slot, block table; the context is position + 1 long) are written
+        straight into pinned staging laid out as the static inputs and sent in three copies, instead
+        of a ForwardBatch on the device then eight device-side copies and fills.
+        `gather = (previous, src)`: row i's input is `previous[src[i]]` (a device tensor, the step
+        before's argmax) where src[i] >= 0, its host token otherwise. Returns the real rows' logits."""
+        n = len(positions)
+        bucket = self.bucket_for(n)
+        if bucket is None:
+            raise ValueError(f"decode batch of {n} exceeds the largest graph bucket {max(self.buckets)}")
+        st = self._staging[self._next_staging]
+        self._next_staging = (self._next_staging + 1) % len(self._staging)
+        st.copied.synchronize()  # its last copies have left (long since, with a ring of three)
+        b = self._b
+        st.i64_np[:n] = tokens
+        st.i64_np[b:b + n] = positions
+        st.i64_np[2 * b:2 * b + n] = slots
+        st.i64_np[2 * b + n:2 * b + bucket] = -1  # padding rows store nothing...
+        src = gather[1] if gather is not None else None
+        prefix = src is not None and src == list(range(n))  # the steady state: same rows, same order
+        if src is not None and not prefix:
+            st.i64_np[3 * b:3 * b + n] = src
+        st.lens_np[:n] = positions
+        st.lens_np[:n] += 1
+        st.lens_np[n:bucket] = 1  # ...and read a one-token context
+        # Only each row's own entries: the rest are never read (a row reads ceil(seq_len / block)
+        # entries) and hold earlier steps' block ids, valid indices all, so nothing is cleared.
+        for r, table in enumerate(tables):
+            st.tables_np[r, :len(table)] = table
+        self._i64.copy_(st.i64, non_blocking=True)
+        self.seq_lens[:bucket].copy_(st.i32[:bucket], non_blocking=True)
+        self.block_tables[:bucket].copy_(st.tables[:bucket], non_blocking=True)
+        st.copied.record()
+        if prefix:
+            self.input_ids[:n].copy_(gather[0][:n])
+        elif src is not None:
+            rows = self._src[:n]
+            self.input_ids[:n] = torch.where(rows >= 0, gather[0][rows.clamp(min=0)], self.input_ids[:n])
+        if bucket not in self.graphs:  # after the copies: capture's warm-up runs store this step's KV
+            self._capture(bucket)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:n]
+
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Replay the bucket's graph for a decode-only batch; returns logits for its real rows."""
         n = batch.num_tokens
@@ -90,3 +147,16 @@ class DecodeGraphRunner:
             self._capture(bucket)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n]
+
+
+class _HostStaging:
+    """One set of pinned host buffers in the runner's static-input layout, with numpy views for cheap
+    filling, and the event recorded after their copies were queued."""
+
+    def __init__(self, b: int, lens_pad: int, max_blocks: int) -> None:
+        self.i64 = torch.zeros(4 * b, dtype=torch.int64).pin_memory()
+        self.i32 = torch.zeros(lens_pad + b * max_blocks, dtype=torch.int32).pin_memory()
+        self.tables = self.i32[lens_pad:].view(b, max_blocks)
+        self.i64_np, self.lens_np, self.tables_np = self.i64.numpy(), self.i32[:b].numpy(), self.tables.numpy()
+        self.copied = torch.cuda.Event()
+        self.copied.record()

@@ -111,3 +111,37 @@ def test_overlapped_decode_matches_synchronous(random_weights, num_blocks) -> No
         assert any(r.preempted for r in over_records)
     engine.block_manager.check_invariants()
     assert engine.block_manager.num_free_blocks == num_blocks
+
+
+def test_graph_replay_from_host_rows_matches_device_batch(random_weights) -> None:
+    """The overlapped decode's fast path (`DecodeGraphRunner.replay_rows`: host lists through pinned
+    staging) gives bitwise the logits of the general path (`run` on a ForwardBatch), with the input
+    ids from the host, from a prefix of the previous argmax (the steady state) or gathered from it
+    in another order beside host tokens (rows joined or left), for 5 rows (a padded bucket of 8)
+    whose contexts cross block boundaries; repeated past the staging ring's length."""
+    from engine.forward_batch import build_forward_batch
+
+    engine = LLMEngine(EngineConfig(weights="random", device="cuda", dtype="float32", num_blocks=512,
+                                    max_num_batched_tokens=2048, max_model_len=1024, cuda_graphs=True,
+                                    profile_kernels=False), random_weights)
+    for r in mixed_requests(5, seed=3):
+        engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=64, ignore_eos=True))
+    runner, bm = engine.graph_runner, engine.block_manager
+    for _ in range(4):
+        engine.step()  # the prompts, then a few decode steps
+        # Each row recomputes its last stored token: the same KV rewritten, so every call agrees.
+        seqs = list(engine.scheduler.running)
+        assert len(seqs) == 5 and not any(s.in_prefill for s in seqs)
+        pos = [s.num_computed_tokens - 1 for s in seqs]
+        toks = [s.token_ids[p] for s, p in zip(seqs, pos)]
+        slots = [bm.slots(s.seq_id, p, 1)[0] for s, p in zip(seqs, pos)]
+        tables = [bm.tables[s.seq_id] for s in seqs]
+        batch = build_forward_batch([], [([t], p, [sl], tb) for t, p, sl, tb in zip(toks, pos, slots, tables)],
+                                    list(range(5)), engine.device)
+        general = runner.run(batch).clone()
+        host = runner.replay_rows(toks, pos, slots, tables).clone()
+        prefix = runner.replay_rows([0] * 5, pos, slots, tables, gather=(batch.input_ids, list(range(5)))).clone()
+        reversed_prev = batch.input_ids.flip(0)  # previous[4 - i] is row i's token
+        gathered = runner.replay_rows([0, 0, toks[2], 0, 0], pos, slots, tables,
+                                      gather=(reversed_prev, [4, 3, -1, 1, 0])).clone()
+        assert torch.equal(host, general) and torch.equal(prefix, general) and torch.equal(gathered, general)

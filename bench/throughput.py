@@ -159,10 +159,17 @@ def add_engine_options(ap: argparse.ArgumentParser, device: str, weights: str, n
 
 
 def apply_device_defaults(args: argparse.Namespace) -> bool:
-    """bf16 and an 8192-token step budget on CUDA, fp32 and 512 on the CPU, unless given; True on CUDA."""
+    """bf16 and an 8192-token step budget on CUDA (and one host thread for torch's CPU ops), fp32 and 512
+    on the CPU, unless given; True on CUDA."""
     cuda = args.device.startswith("cuda")
     args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
     args.budget = args.budget or (8192 if cuda else 512)
+    if cuda:
+        # Both systems drive the GPU from one host thread and need no CPU parallelism. With torch's
+        # default pool (16 threads on the H200 machine) some whole processes ran ~1.5x slower on
+        # the host; with one thread none did in the runs of bench/NOTES_kernels.md v8 (probably idle
+        # OpenMP threads spinning beside the launching thread). HF and the engine alike.
+        torch.set_num_threads(1)
     return cuda
 
 

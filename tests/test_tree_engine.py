@@ -104,8 +104,10 @@ def test_greedy_tree_speculation_is_lossless(real_weights, plain, drafter, knobs
 
 @pytest.mark.slow
 def test_tree_speculation_survives_preemption(real_weights):
-    """A pool too small for all four requests: preemption by recompute, trees on top, same tokens."""
-    params = SamplingParams(max_tokens=24)
+    """A pool too small for all four requests: preemption by recompute, trees on top, same tokens.
+    48 new tokens each, so the running requests outgrow the pool however many drafts are accepted
+    (with 24, a better-trained EAGLE layer finished them before the pool ran out: 5 preemptions now)."""
+    params = SamplingParams(max_tokens=48)
     small = dict(num_blocks=10, max_model_len=256)
     base, _ = _run(LLMEngine(_config(**small), real_weights), params)
     engine = LLMEngine(_config(spec_drafter="eagle", spec_tree_nodes=12, **small), real_weights)

@@ -64,6 +64,8 @@ def base_parser(doc: str, *, epochs: float, lr: float, minutes: float) -> argpar
     ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--minutes", type=float, default=minutes)
+    ap.add_argument("--eval-every", type=int, default=50,
+                    help="steps between held-out evaluations (each costs several training steps' time)")
     return ap
 
 

@@ -55,7 +55,7 @@ def main() -> None:
     log = TrainLog("draft_model", vars(args), data.meta)
     log.add(step=0, **{f"held_out_{k}": round(v, 4) for k, v in evaluate().items()})  # = early exit at k layers
     summary = train_loop(list(draft.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
-                         batch_tokens=args.batch_tokens, minutes=args.minutes)
+                         batch_tokens=args.batch_tokens, minutes=args.minutes, eval_every=args.eval_every)
     meta = {"num_layers": args.layers, "init": f"target layers 0..{args.layers - 1} + final norm",
             "trained_on": data.meta, **summary}
     print(save_head(draft, "draft_model", meta), log.write(HEADS_DIR, summary))

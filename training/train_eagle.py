@@ -15,7 +15,8 @@ The token loss uses the drafters' vocabulary (`--draft-vocab`, the engine's defa
 frequent answer tokens), the softmax the engine drafts with, which also makes the frozen LM head,
 most of a training step, 6x cheaper.
 
-`python -m training.train_eagle [--epochs 3] [--minutes 25] [--ttt-steps 1] [--resume]`
+`python -m training.train_eagle [--epochs 3] [--minutes 25] [--ttt-steps 1] [--resume]`. The committed layer
+is two runs (README): EAGLE-1 steps first (cheap: ~0.4 s a step), then `--resume --ttt-steps 5`.
 Writes engine/assets/spec_heads/eagle.safetensors (fp16) and eagle.log.json.
 """
 from __future__ import annotations
@@ -150,7 +151,7 @@ def main() -> None:
 
     log = TrainLog("eagle", vars(args) | resumed_from(previous), data.meta)
     summary = train_loop(list(eagle.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
-                         batch_tokens=args.batch_tokens, minutes=args.minutes)
+                         batch_tokens=args.batch_tokens, minutes=args.minutes, eval_every=args.eval_every)
     summary = cumulative_summary(previous, summary)  # the whole history: steps and tokens of every run
     meta = {"init_layer": args.init_layer, "trained_on": data.meta, **summary}
     print(save_head(eagle, "eagle", meta), log.write(HEADS_DIR, summary))

@@ -69,7 +69,7 @@ def main() -> None:
 
     log = TrainLog("medusa", vars(args) | resumed_from(previous), data.meta)
     summary = train_loop(list(heads.parameters()), loss_fn, evaluate, data, log, epochs=args.epochs, lr=args.lr,
-                         batch_tokens=args.batch_tokens, minutes=args.minutes)
+                         batch_tokens=args.batch_tokens, minutes=args.minutes, eval_every=args.eval_every)
     summary = cumulative_summary(previous, summary)
     meta = {"num_heads": args.heads, "trained_on": data.meta, **summary}
     print(save_head(heads, "medusa", meta), log.write(HEADS_DIR, summary))

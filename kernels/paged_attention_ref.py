@@ -15,7 +15,8 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int)
     """[num_blocks, block_size, H, D] -> [length, H, D] for one sequence."""
     bs = cache.shape[1]
     n_blocks = (length + bs - 1) // bs
-    return cache[block_table[:n_blocks].long()].flatten(0, 1)[:length]
+    # index_select, not cache[idx]: advanced indexing takes a generic, much slower path on the CPU.
+    return cache.index_select(0, block_table[:n_blocks].long()).flatten(0, 1)[:length]
 
 
 def paged_attention_ref(
@@ -70,13 +71,15 @@ def _batched_decode(q, k_cache, v_cache, block_tables, rows, starts, lens, scale
     lengths = torch.tensor([lens[b] for b in rows], device=q.device)
     max_len = int(lengths.max())
     n_blocks = (max_len + bs - 1) // bs
-    tables = block_tables[idx, :n_blocks].long()  # [R, n_blocks]
-    kb = k_cache[tables].flatten(1, 2)[:, :max_len]  # [R, L, Hkv, D]
-    vb = v_cache[tables].flatten(1, 2)[:, :max_len]
+    tables = block_tables.index_select(0, idx)[:, :n_blocks].long().flatten()  # [R * n_blocks]
+    # index_select, not k_cache[tables]: advanced indexing is ~9x slower on the CPU for this gather
+    # of whole pages (0.48 vs 0.056 ms a layer at 16 rows of ~300 tokens).
+    kb = k_cache.index_select(0, tables).view(len(rows), n_blocks * bs, *k_cache.shape[2:])[:, :max_len]
+    vb = v_cache.index_select(0, tables).view(len(rows), n_blocks * bs, *v_cache.shape[2:])[:, :max_len]
     kb = kb.transpose(1, 2)  # [R, Hkv, L, D]; SDPA broadcasts each KV head over its query group
     vb = vb.transpose(1, 2)
     q_rows = torch.tensor([starts[b] for b in rows], device=q.device)
-    qb = q[q_rows].unsqueeze(2)  # [R, Hq, 1, D]
+    qb = q.index_select(0, q_rows).unsqueeze(2)  # [R, Hq, 1, D]
     mask = (torch.arange(max_len, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
     ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=group > 1)
     out[q_rows] = ob.squeeze(2)

@@ -57,6 +57,20 @@ class DecodeGraphRunner:
     def bucket_for(self, batch_size: int) -> int | None:
         return next((b for b in self.buckets if b >= batch_size), None)
 
+    def _bucket(self, n: int) -> int:
+        bucket = self.bucket_for(n)
+        if bucket is None:
+            raise ValueError(f"decode batch of {n} exceeds the largest graph bucket {max(self.buckets)}")
+        return bucket
+
+    def _replay(self, bucket: int, n: int) -> torch.Tensor:
+        """Replay the bucket's graph on the static inputs already written (capturing it first if it is
+        new: the capture's warm-up runs store this step's KV, so the inputs must be in place)."""
+        if bucket not in self.graphs:
+            self._capture(bucket)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:n]
+
     def _batch(self, n: int) -> ForwardBatch:
         # Every tensor here must outlive the graph: a replay reads these very addresses, and a
         # temporary freed after capture would be handed to someone else by the caching allocator.
@@ -93,9 +107,7 @@ class DecodeGraphRunner:
         `gather = (previous, src)`: row i's input is `previous[src[i]]` (a device tensor, the step
         before's argmax) where src[i] >= 0, its host token otherwise. Returns the real rows' logits."""
         n = len(positions)
-        bucket = self.bucket_for(n)
-        if bucket is None:
-            raise ValueError(f"decode batch of {n} exceeds the largest graph bucket {max(self.buckets)}")
+        bucket = self._bucket(n)
         st = self._staging[self._next_staging]
         self._next_staging = (self._next_staging + 1) % len(self._staging)
         st.copied.synchronize()  # its last copies have left (long since, with a ring of three)
@@ -124,17 +136,12 @@ class DecodeGraphRunner:
         elif src is not None:
             rows = self._src[:n]
             self.input_ids[:n] = torch.where(rows >= 0, gather[0][rows.clamp(min=0)], self.input_ids[:n])
-        if bucket not in self.graphs:  # after the copies: capture's warm-up runs store this step's KV
-            self._capture(bucket)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket][:n]
+        return self._replay(bucket, n)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Replay the bucket's graph for a decode-only batch; returns logits for its real rows."""
         n = batch.num_tokens
-        bucket = self.bucket_for(n)
-        if bucket is None:
-            raise ValueError(f"decode batch of {n} exceeds the largest graph bucket {max(self.buckets)}")
+        bucket = self._bucket(n)
         self.input_ids[:n].copy_(batch.input_ids)
         self.positions[:n].copy_(batch.positions)
         self.slot_mapping[:n].copy_(batch.slot_mapping)
@@ -143,10 +150,7 @@ class DecodeGraphRunner:
         self.seq_lens[n:bucket].fill_(1)
         self.block_tables[:n].zero_()
         self.block_tables[:n, : batch.block_tables.shape[1]].copy_(batch.block_tables)
-        if bucket not in self.graphs:
-            self._capture(bucket)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket][:n]
+        return self._replay(bucket, n)
 
 
 class _HostStaging:

@@ -120,10 +120,8 @@ class DecodePipeline:
         end_ev = torch.cuda.Event(enable_timing=True)
         stream = self.stream
         start_ev.record(stream)
-        t0 = time.perf_counter()
         gather = (prev.tokens, src) if prev is not None and max(src) >= 0 else None
-        logits = eng.graph_runner.replay_rows(toks, positions, slots, tables, gather)
-        eng.kernels.timer.add_cuda_region("decode (CUDA graph replay)", "cuda-graph", t0)
+        logits = eng._graph_replay(lambda: eng.graph_runner.replay_rows(toks, positions, slots, tables, gather))
         tokens = logits.argmax(-1)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)

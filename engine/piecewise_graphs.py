@@ -129,6 +129,5 @@ class PiecewiseGraphRunner:
             graph.replay()
             if i < len(m.layers):
                 q, k, v = cap.qkv[i]
-                attn = m.attention(q[:t], k[:t], v[:t], i, batch, self.pool)
-                self.attn[:t].copy_(attn.reshape(t, -1))
+                m.attention(q[:t], k[:t], v[:t], i, batch, self.pool, out=self.attn[:t].view(q[:t].shape))
         return cap.out[:t]

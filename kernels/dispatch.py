@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_linear import cpu_linear
 from kernels.kv_store_ref import store_kv_ref
 from kernels.paged_attention_ref import paged_attention_ref
 from kernels.pdl import pdl_supported
@@ -146,45 +147,57 @@ class Kernels:
         with self.timer.timed(name, self.label(family), flops, nbytes):
             return impl(*args, **kwargs)
 
+    def _call_into(self, out, family: str, name: str, cost, *args, **kwargs):
+        """`_call` writing into `out` when given: the Triton kernels take it as their output; the
+        references return a new tensor, copied in."""
+        if out is None:
+            return self._call(family, name, cost, *args, **kwargs)
+        if self.label(family) == "triton":
+            return self._call(family, name, cost, *args, out=out, **kwargs)
+        return out.copy_(self._call(family, name, cost, *args, **kwargs))
+
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         # read k, v; write both into the pool
         self._call("store_kv", "kv_store", lambda: (0.0, 4 * k.numel() * k.element_size()),
                    k, v, k_cache, v_cache, slot_mapping)
 
-    def prefill_attention(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float, seq_lens: list[int]):
+    def prefill_attention(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float, seq_lens: list[int], out=None):
         def cost() -> tuple[float, float]:
             hq, d = q.shape[1], q.shape[2]
             # Causal: about half the L x L score matrix, 2 matmuls of 2 FLOPs per multiply-add.
             flops = sum(2 * 2 * hq * d * (n * (n + 1) / 2) for n in seq_lens)
             return flops, (2 * q.numel() + 2 * k.numel()) * q.element_size()
-        return self._call("prefill_attention", "attention.prefill", cost, q, k, v, cu_seqlens, max_seqlen, scale)
+        return self._call_into(out, "prefill_attention", "attention.prefill", cost, q, k, v, cu_seqlens, max_seqlen,
+                               scale)
 
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                         max_query_len: int, max_seq_len: int, scale: float,
-                        q_lens: list[int], ctx_lens: list[int]):
+                        q_lens: list[int], ctx_lens: list[int], out=None):
         name = "attention.decode" if max_query_len == 1 else "attention.paged"
-        return self._call("paged_attention", name, lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
-                          q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
-                          scale)
+        return self._call_into(out, "paged_attention", name, lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
+                               q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+                               max_seq_len, scale)
 
     def tree_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len: int,
-                       max_seq_len: int, scale: float, q_lens: list[int], ctx_lens: list[int], tree_masks):
+                       max_seq_len: int, scale: float, q_lens: list[int], ctx_lens: list[int], tree_masks, out=None):
         """Paged attention for a batch in which some sequence verifies a draft tree: an explicit
         mask over its new rows (each row sees the cached context, its ancestors and itself)."""
-        return self._call("paged_attention", "attention.tree", lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
-                          q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len,
-                          scale, tree_masks=tree_masks)
+        return self._call_into(out, "paged_attention", "attention.tree",
+                               lambda: _paged_cost(q, k_cache, q_lens, ctx_lens),
+                               q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len,
+                               max_seq_len, scale, tree_masks=tree_masks)
 
     def linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x @ w.T: our Triton GEMV for decode-sized batches on the Triton backend
         (kernels/gemv_triton.py), cuBLAS / the CPU's BLAS otherwise; the label says which ran."""
         gemv = self.backend == "triton" and _gemv_applies(x, w)
+        dense = cpu_linear if x.device.type == "cpu" else F.linear
         if not self.timer.enabled:
-            return _gemv(x, w, pdl=self._use_pdl(x.shape[0])) if gemv else F.linear(x, w)
+            return _gemv(x, w, pdl=self._use_pdl(x.shape[0])) if gemv else dense(x, w)
         flops = 2 * x.shape[0] * w.shape[0] * w.shape[1]
         nbytes = (w.numel() + x.numel() + x.shape[0] * w.shape[0]) * x.element_size()
         with self.timer.timed(name, "triton" if gemv else "torch", flops, nbytes):
-            return _gemv(x, w) if gemv else F.linear(x, w)
+            return _gemv(x, w) if gemv else dense(x, w)
 
     # ---- fused elementwise families -----------------------------------------------------------
     def rmsnorm(self, x, weight, eps: float, residual=None):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.paged_decode_ref import batched_decode, decode_plan
+
 
 def _gather_pages(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """[num_blocks, block_size, H, D] and tables [R, n] -> [R, n * block_size, H, D]: each row's
@@ -44,12 +46,11 @@ def paged_attention_ref(
     group = hq // hkv
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    decode_rows = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
-    if len(decode_rows) > 1:
-        _batched_decode(q, k_cache, v_cache, block_tables, decode_rows, starts, lens, scale, group, out)
-        done = set(decode_rows)
-    else:
-        done = set()
+    done: set[int] = set()
+    if sum(1 for b in range(len(lens)) if starts[b + 1] - starts[b] == 1) > 1:
+        plan = decode_plan(block_tables, lens, starts, k_cache.shape[1])
+        batched_decode(q, k_cache, v_cache, plan, scale, out)
+        done = set(plan.rows)
     for b in range(len(lens)):
         s, e = starts[b], starts[b + 1]
         if b in done or e == s:
@@ -68,22 +69,3 @@ def paged_attention_ref(
                                             enable_gqa=group > 1)
         out[s:e] = ob.transpose(0, 1)
     return out
-
-
-def _batched_decode(q, k_cache, v_cache, block_tables, rows, starts, lens, scale, group, out) -> None:
-    """All single-token rows in one padded SDPA call: far fewer launches than a loop on the CPU."""
-    bs = k_cache.shape[1]
-    idx = torch.tensor(rows, device=q.device)
-    lengths = torch.tensor([lens[b] for b in rows], device=q.device)
-    max_len = int(lengths.max())
-    n_blocks = (max_len + bs - 1) // bs
-    tables = block_tables.index_select(0, idx)[:, :n_blocks]  # [R, n_blocks]
-    kb = _gather_pages(k_cache, tables)[:, :max_len]  # [R, L, Hkv, D]
-    vb = _gather_pages(v_cache, tables)[:, :max_len]
-    kb = kb.transpose(1, 2)  # [R, Hkv, L, D]; SDPA broadcasts each KV head over its query group
-    vb = vb.transpose(1, 2)
-    q_rows = torch.tensor([starts[b] for b in rows], device=q.device)
-    qb = q.index_select(0, q_rows).unsqueeze(2)  # [R, Hq, 1, D]
-    mask = (torch.arange(max_len, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
-    ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=group > 1)
-    out[q_rows] = ob.squeeze(2)

@@ -463,11 +463,16 @@ def paged_attention_triton(
                decode_kernel)
     splits = cfg["splits"]
     if splits > 1:
+        # One allocation for the three partial buffers (each allocator call costs host time on
+        # every launch): acc first, then m and l, each segment 16-byte aligned.
+        n = t * hq * splits
+        seg = triton.cdiv(n, 4) * 4
         alloc = torch.full if POISON_SCRATCH else torch.empty
         extra = {"fill_value": float("nan")} if POISON_SCRATCH else {}
-        pm = alloc((t, hq, splits), device=q.device, dtype=torch.float32, **extra)
-        pl = alloc((t, hq, splits), device=q.device, dtype=torch.float32, **extra)
-        pacc = alloc((t, hq, splits, d), device=q.device, dtype=torch.float32, **extra)
+        scratch = alloc((n * d + 2 * seg,), device=q.device, dtype=torch.float32, **extra)
+        pacc = scratch[:n * d].view(t, hq, splits, d)
+        pm = scratch[n * d:n * d + n].view(t, hq, splits)
+        pl = scratch[n * d + seg:n * d + seg + n].view(t, hq, splits)
     else:
         pm = pl = pacc = out  # unused
     kernel = cfg["kernel"]

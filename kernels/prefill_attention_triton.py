@@ -28,6 +28,7 @@ H200); `config="autotune"` searches _TILES instead (first call per shape class).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -251,12 +252,19 @@ def _seq_bucket(max_seqlen: int) -> int:
     return 512 if max_seqlen <= 512 else (2048 if max_seqlen <= 2048 else 16384)
 
 
+@functools.lru_cache(maxsize=None)
+def _major(device: torch.device) -> int:
+    """Compute capability major of a device, asked once (the query cost microseconds on every
+    launch, ~60 launches per prefill step)."""
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def tma_ok(q, k, v) -> bool:
     """The TMA variant needs Hopper+, bf16/fp16 (fp32 rows would exceed the 128-byte swizzle) and
     [T, H*D] views with 16-byte aligned bases and row strides."""
     if TensorDescriptor is None or q.device.type != "cuda":
         return False
-    if torch.cuda.get_device_capability(q.device)[0] < 9:
+    if _major(q.device) < 9:
         return False
     d = q.shape[2]
     if q.element_size() != 2:

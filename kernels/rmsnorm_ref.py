@@ -9,6 +9,7 @@ model's `h = h + linear(...)`) is computed first and returned as the new residua
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rmsnorm_ref(
@@ -19,6 +20,10 @@ def rmsnorm_ref(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (rmsnorm(h) * weight, h) with h = x + residual, or (rmsnorm(x) * weight, None)."""
     h = x if residual is None else x + residual
+    if h.device.type == "cpu" and h.dtype == torch.float32 and weight.dtype == torch.float32:
+        # The same arithmetic in one op instead of six (each op costs microseconds on a small CPU);
+        # bit-identical to the lines below for fp32 on the CPU (tests/test_fused_kernels.py).
+        return F.rms_norm(h, (h.shape[-1],), weight, eps), (None if residual is None else h)
     hf = h.float()
     normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype) * weight
     return normed, (None if residual is None else h)

@@ -7,8 +7,9 @@ Contract (the Triton kernel matches it):
   as every other RoPE here (`rotate_half_rope` below);
 - rotated k and (unrotated) v are written to `k_cache`/`v_cache` [num_blocks, block_size, Hkv, D]
   at `slot_mapping[t]` (< 0: padding row, not stored), as `store_kv_ref`;
-- returns (q [T, Hq, D] contiguous, new; k [T, Hkv, D] contiguous, new; v [T, Hkv, D] a view of
-  `qkv`). `qkv` itself is not modified. This is the same layout the model had with apply_rope.
+- returns (q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] a view of `qkv`). `qkv` itself is not
+  modified. q and k are new: here views of one rotated [T, Hq + Hkv, D] tensor, from the Triton
+  kernel two contiguous tensors; the values are the same.
 """
 from __future__ import annotations
 
@@ -41,11 +42,10 @@ def rope_store_ref(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = qkv.shape[0]
     assert qkv.shape[1] == (hq + 2 * hkv) * d
-    q = qkv[:, : hq * d].view(n, hq, d)
-    k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d)
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]  # over the heads
+    # q and k heads are adjacent in qkv: one rotation for both (half the small ops of rotating each).
+    qk = rotate_half_rope(qkv[:, : (hq + hkv) * d].view(n, hq + hkv, d), c, s)
+    q, k = qk[:, :hq], qk[:, hq:]
     v = qkv[:, (hq + hkv) * d:].view(n, hkv, d)
-    c, s = cos[positions], sin[positions]
-    c, s = c[:, None, :], s[:, None, :]  # over the heads
-    q, k = rotate_half_rope(q, c, s), rotate_half_rope(k, c, s)
     store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
     return q, k, v

@@ -1,0 +1,98 @@
+"""Paged decode at B = 64: where the gap to the copy bandwidth is, and a mode for Nsight Compute.
+
+Graph-timed like `bench/kernels.py` (rotating input sets bigger than L2). Compares, at one context
+length, the default kernel and the all-heads variant on shuffled pages (as a long-running server's
+pool looks), on sequential pages (each sequence's pages in order, as a contiguous cache), and both
+again with the pool stored head-major ([block, Hkv, 16, D], exposed through strides), plus SDPA on
+a contiguous cache with the query heads of a group as its query rows. Prints JSON and writes it.
+
+With `--ncu`, runs the default kernel and SDPA three times each on one input set and exits, for
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \\
+        -k regex:"paged_attn|flash|fmha|attention" -c 4 python3 bench/paged_decode_probe.py --ncu
+
+    python3 bench/paged_decode_probe.py --length 8192 --out bench/results/paged_decode_probe_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels.paged_attention_triton as pa  # noqa: E402
+from bench.kernels import BS, DT, HKV, HQ, L2_BYTES, SCALE, D, bench_graph, copy_bandwidth  # noqa: E402
+
+B = 64
+
+
+def make_set(length: int, sequential: bool, head_major: bool, gen: torch.Generator) -> dict:
+    nb = B * length // BS
+    kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
+    vc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
+    if head_major:  # storage [nb, Hkv, BS, D], seen as [nb, BS, Hkv, D]
+        kc = kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        vc = vc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    order = torch.arange(nb, device="cuda") if sequential else torch.randperm(nb, device="cuda", generator=gen)
+    return dict(q=torch.randn(B, HQ, D, device="cuda", dtype=DT, generator=gen), kc=kc, vc=vc,
+                tables=order.to(torch.int32).view(B, length // BS))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--ncu", action="store_true", help="a few launches for Nsight Compute, no timing")
+    ap.add_argument("--out", default="bench/results/paged_decode_probe.json")
+    args = ap.parse_args()
+    length = args.length
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    sl = torch.full((B,), length, dtype=torch.int32, device="cuda")
+    if args.ncu:
+        s = make_set(length, False, False, gen)
+        c = [torch.randn(B, HKV, n, D, device="cuda", dtype=DT, generator=gen) for n in (HQ // HKV, length, length)]
+        for _ in range(3):
+            pa.paged_attention_triton(s["q"], s["kc"], s["vc"], s["tables"], sl, qsl, 1, length, SCALE)
+            F.scaled_dot_product_attention(*c, scale=SCALE)
+        torch.cuda.synchronize()
+        return
+    a = torch.randn(8192, 8192, device="cuda", dtype=DT)
+    for _ in range(200):  # clocks up
+        a @ a
+    del a
+    copy = copy_bandwidth()["TBps"]
+    kv_bytes = 2 * B * length * HKV * D * 2
+    n_sets = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+    nbytes = kv_bytes + 2 * B * HQ * D * 2
+
+    def record(name: str, ms: float) -> None:
+        res[f"{name}_us"] = ms * 1e3
+        res[f"{name}_pct_copy"] = 100 * nbytes / (ms * 1e-3) / 1e12 / copy
+
+    res: dict = {"copy_TBps": copy, "L": length, "B": B, "plan": pa.plan(B, HQ, HKV, 1, length, torch.device("cuda"))}
+    for name, sequential, head_major in (("shuffled", False, False), ("sequential", True, False),
+                                         ("shuffled_headmajor", False, True), ("sequential_headmajor", True, True)):
+        sets = [make_set(length, sequential, head_major, gen) for _ in range(n_sets)]
+        for kernel in (("default", "allheads") if not head_major else ("default",)):
+            kw = {} if kernel == "default" else {"decode_kernel": kernel}
+            record(f"{name}_{kernel}", bench_graph([
+                lambda s=s: pa.paged_attention_triton(s["q"], s["kc"], s["vc"], s["tables"], sl, qsl, 1, length,
+                                                      SCALE, **kw) for s in sets]))
+        del sets
+        torch.cuda.empty_cache()
+    csets = [[torch.randn(B, HKV, n, D, device="cuda", dtype=DT, generator=gen) for n in (HQ // HKV, length, length)]
+             for _ in range(n_sets)]
+    record("sdpa_grouped", bench_graph([lambda c=c: F.scaled_dot_product_attention(*c, scale=SCALE) for c in csets]))
+    print(json.dumps(res, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -189,7 +189,8 @@ class Kernels:
 
     def linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x @ w.T: our Triton GEMV for decode-sized batches on the Triton backend
-        (kernels/gemv_triton.py), cuBLAS / the CPU's BLAS otherwise; the label says which ran."""
+        (kernels/gemv_triton.py), cuBLAS on a GPU otherwise, oneDNN on the CPU (kernels/cpu_linear.py,
+        on the packed weights the CPU's model holds); the label says which backend ran."""
         gemv = self.backend == "triton" and _gemv_applies(x, w)
         dense = cpu_linear if x.device.type == "cpu" else F.linear
         if not self.timer.enabled:

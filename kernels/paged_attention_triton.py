@@ -86,6 +86,7 @@ def _paged_attn_partial(
     SPLITS_PAD: tl.constexpr = 1,
     TREE: tl.constexpr = False,
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
+    HOIST: tl.constexpr = False,  # in-page address offsets computed once (tiles start on page boundaries)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -135,15 +136,25 @@ def _paged_attn_partial(
     bt_row = BT + b.to(tl.int64) * stride_bt
     k_head = KC + kvh * stride_kh
     v_head = VC + kvh * stride_vh
+    if HOIST:
+        # Tiles start on page boundaries (PAGE divides BLOCK_N and the partition), so a row's offset
+        # inside its page is the same in every tile: its part of the address is computed once. The
+        # loop's integer work is the busiest pipe (ncu: 30 % of cycles); this saves 1-3 % at 4k-32k.
+        k_in = (offs_n % PAGE)[:, None] * stride_ks + offs_d[None, :]
+        v_in = (offs_n % PAGE)[:, None] * stride_vs + offs_d[None, :]
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         n_ok = n < hi
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        off = n % PAGE
-        k = tl.load(k_head + page[:, None] * stride_kb + off[:, None] * stride_ks + offs_d[None, :],
-                    mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_head + page[:, None] * stride_vb + off[:, None] * stride_vs + offs_d[None, :],
-                    mask=n_ok[:, None], other=0.0)
+        if HOIST:
+            k = tl.load(k_head + page[:, None] * stride_kb + k_in, mask=n_ok[:, None], other=0.0)
+            v = tl.load(v_head + page[:, None] * stride_vb + v_in, mask=n_ok[:, None], other=0.0)
+        else:
+            off = n % PAGE
+            k = tl.load(k_head + page[:, None] * stride_kb + off[:, None] * stride_ks + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
+            v = tl.load(v_head + page[:, None] * stride_vb + off[:, None] * stride_vs + offs_d[None, :],
+                        mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
         if TREE:
@@ -505,7 +516,8 @@ def paged_attention_triton(
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
-            PDL=pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+            PDL=pdl, HOIST=cfg["BLOCK_N"] % page == 0 and cfg["partition"] % page == 0,
+            num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
             out, pm, pl, pacc, query_start_loc,

@@ -31,7 +31,7 @@ def test_packing_is_skipped_where_it_does_not_apply():
 
 
 @pytest.mark.skipif(not ONEDNN_LINEAR, reason="torch built without oneDNN")
-def test_engine_packs_cpu_weights_only_for_the_torch_path():
+def test_cpu_engine_holds_packed_projection_weights():
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.weights import load_weights

@@ -201,11 +201,14 @@ def prefill_bench(gen, seq_lens_list, tokens) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------
-def make_decode_set(B, L, gen):
+def make_decode_set(B, L, gen, sequential: bool = False):
+    """B sequences of L tokens in a pool of 16-token pages: shuffled pages (a long-running server's
+    pool), or each sequence's pages in order with `sequential`."""
     nb = B * L // BS
     kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
     vc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
-    tables = torch.randperm(nb, device="cuda", generator=gen).to(torch.int32).view(B, L // BS)
+    order = torch.arange(nb, device="cuda") if sequential else torch.randperm(nb, device="cuda", generator=gen)
+    tables = order.to(torch.int32).view(B, L // BS)
     q = torch.randn(B, HQ, D, device="cuda", dtype=DT, generator=gen)
     return {"q": q, "kc": kc, "vc": vc, "tables": tables}
 

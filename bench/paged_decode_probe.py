@@ -27,21 +27,18 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import BS, DT, HKV, HQ, L2_BYTES, SCALE, D, bench_graph, copy_bandwidth  # noqa: E402
+from bench.kernels import DT, HKV, HQ, L2_BYTES, SCALE, D, bench_graph, copy_bandwidth, make_decode_set  # noqa: E402
 
 B = 64
 
 
 def make_set(length: int, sequential: bool, head_major: bool, gen: torch.Generator) -> dict:
-    nb = B * length // BS
-    kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
-    vc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
+    """`bench/kernels.py`'s decode inputs, optionally with the pool stored head-major."""
+    s = make_decode_set(B, length, gen, sequential)
     if head_major:  # storage [nb, Hkv, BS, D], seen as [nb, BS, Hkv, D]
-        kc = kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-        vc = vc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-    order = torch.arange(nb, device="cuda") if sequential else torch.randperm(nb, device="cuda", generator=gen)
-    return dict(q=torch.randn(B, HQ, D, device="cuda", dtype=DT, generator=gen), kc=kc, vc=vc,
-                tables=order.to(torch.int32).view(B, length // BS))
+        s["kc"] = s["kc"].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        s["vc"] = s["vc"].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    return s
 
 
 def main() -> None:

@@ -27,9 +27,19 @@ class DecodePlan:
     mask: torch.Tensor  # [R, 1, 1, length] additive: 0 where the key is visible, -inf on padding
 
 
-def build_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int], block_size: int) -> DecodePlan:
+def gather_pages(cache: torch.Tensor, blocks: torch.Tensor, rows: int) -> torch.Tensor:
+    """[num_blocks, block_size, H, D] and `rows` rows' page ids, flattened (int64) -> [rows, their
+    pages' tokens, H, D]. index_select, not cache[tables]: advanced indexing takes a generic path on
+    the CPU, ~9x slower for this gather (0.48 vs 0.056 ms a layer at 16 rows of ~300 tokens)."""
+    return cache.index_select(0, blocks).view(rows, -1, *cache.shape[2:])
+
+
+def build_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int], block_size: int) -> DecodePlan | None:
+    """None when fewer than two sequences decode (one call per sequence is as cheap then)."""
     device = block_tables.device
     rows = [b for b in range(len(lens)) if starts[b + 1] - starts[b] == 1]
+    if len(rows) < 2:
+        return None
     length = max(lens[b] for b in rows)
     n_blocks = -(-length // block_size)
     idx = torch.tensor(rows, device=device)
@@ -49,7 +59,8 @@ def build_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int], b
 _LAST: tuple = (None, None, None, None)
 
 
-def decode_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int], block_size: int) -> DecodePlan:
+def decode_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int],
+                block_size: int) -> DecodePlan | None:
     """The plan for these sequences (`lens`, `starts`: seq_lens and query_start_loc as lists), reused
     while the same batch comes back: every layer of a forward pass asks for it."""
     global _LAST
@@ -65,11 +76,11 @@ def decode_plan(block_tables: torch.Tensor, lens: list[int], starts: list[int], 
 def batched_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
                    scale: float, out: torch.Tensor) -> None:
     """Attention for the plan's rows, written into `out` [T, Hq, D]."""
-    _, _, hkv, d = k_cache.shape
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
     hq = q.shape[1]
     r, n = plan.num_rows, plan.length
-    kb = k_cache.index_select(0, plan.blocks).view(r, -1, hkv, d)[:, :n].transpose(1, 2)  # [R, Hkv, n, D]
-    vb = v_cache.index_select(0, plan.blocks).view(r, -1, hkv, d)[:, :n].transpose(1, 2)
+    kb = gather_pages(k_cache, plan.blocks, r)[:, :n].transpose(1, 2)  # [R, Hkv, n, D]
+    vb = gather_pages(v_cache, plan.blocks, r)[:, :n].transpose(1, 2)
     # The query heads of one KV head as that head's query rows: each K/V row is read once for its
     # whole group (not once per query head as SDPA's enable_gqa would).
     qb = q.index_select(0, plan.q_rows).view(r, hkv, hq // hkv, d)

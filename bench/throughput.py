@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
+from engine.host_memory import keep_freed_memory  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import hf_reference_model, load_weights  # noqa: E402
 
@@ -186,6 +187,9 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     cuda = apply_device_defaults(args)
+    # Both systems under the same host allocator settings (the engine sets them when it is built;
+    # HF's passes would otherwise depend on whether an engine ran first). engine/host_memory.py.
+    keep_freed_memory()
     weights = load_weights(args.weights)
     reqs = mixed_requests(args.num_requests)
     rows = []

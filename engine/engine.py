@@ -16,6 +16,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.forward_batch import build_forward_batch
+from engine.host_memory import keep_freed_memory
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.sampler import sample_next
@@ -55,6 +56,7 @@ class GenerationResult:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None) -> None:
+        keep_freed_memory()  # the CPU path's per-layer temporaries otherwise page-fault in some processes
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = getattr(torch, config.dtype)

@@ -46,15 +46,24 @@ _LOG2E = 1.4426950408889634
 # Measured on the H200 (bench/NOTES_kernels.md): "group" wins; "allheads" is kept as an option.
 DECODE_KERNEL = "group"
 # Per mode: "decode" = max_query_len == 1, "chunk" = prefill chunks (q_len > 1, mixed batches).
-TARGET_PROGRAMS_PER_SM = {"decode": 16, "chunk": 8, "allheads": 8}
-NUM_STAGES = {"decode": 2, "chunk": 3, "allheads": 2}
-BLOCK_N = {"decode": 128, "chunk": 64, "allheads": 128}  # K/V tile height (allheads: token-head rows)
-# Decode over short contexts: 64-key tiles (B=64, L=1k: 20.5 vs 22.5 us; from 4k on 128 wins, 64 vs
-# 74 us at 4k). bench/paged_decode_sweep.py, bench/NOTES_kernels.md "v5".
-SHORT_DECODE_LEN, SHORT_DECODE_BLOCK_N = 1024, 64
+# Decode aims at *at most* its programs per SM (a floor), the other modes at least (a ceiling).
+# Decode with its page ids read through inline PTX (PAGE_LOADS) streams K/V several tiles ahead, so a
+# few long programs per SM beat many short ones: B = 64 gets 2 splits (384 programs), B >= 128 none.
+# bench/NOTES_kernels.md "v10" (the loop page loads wanted 16 per SM and 128-key tiles, "v5").
+TARGET_PROGRAMS_PER_SM = {"decode": 3, "chunk": 8, "allheads": 8}
+NUM_STAGES = {"decode": 3, "chunk": 3, "allheads": 2}
+BLOCK_N = {"decode": 64, "chunk": 64, "allheads": 128}  # K/V tile height (allheads: token-head rows)
+# Decode splits this short or shorter, and unsplit launches (B >= 128), take 128-key tiles instead
+# (batch 1, every split 256 keys: 6.4 vs 7.3 us at 1k, 7.5 vs 8.4 at 4k; B = 256: 789 vs 797 us at 16k).
+SHORT_SPLIT_LEN, SHORT_SPLIT_BLOCK_N = 512, 128
 # Merge the split partials inside the partial kernel (the last-arriving program reduces) instead of
 # a second kernel launch. Measured 1-9% slower than the separate reduce on the H200, so off.
 FUSED_REDUCE = False
+# How the partial kernel reads page ids from the block table, per mode: "loop" (tl.load per K/V
+# tile) or "asm" (inline PTX per tile, so K/V are multi-buffered; see the kernel's loop). "asm"
+# measured 5-8 % faster for decode at B = 64 from 4k to 32k with (2 programs per SM, 64-key
+# tiles, 3 stages) against the best "loop" shape (bench/NOTES_kernels.md, v10).
+PAGE_LOADS = {"decode": "asm", "chunk": "loop", "allheads": "loop"}
 MIN_PARTITION = 256
 MAX_SPLITS = 128
 # Tests set this to fill the split partials with NaN, so a partial the reduce reads but nobody wrote
@@ -87,6 +96,7 @@ def _paged_attn_partial(
     TREE: tl.constexpr = False,
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
     HOIST: tl.constexpr = False,  # in-page address offsets computed once (tiles start on page boundaries)
+    ASM_PAGES: tl.constexpr = False,  # page ids read with inline PTX (see PAGE_LOADS)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -145,7 +155,17 @@ def _paged_attn_partial(
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         n_ok = n < hi
-        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        if ASM_PAGES:
+            # Page ids through inline PTX, which Triton's pipeliner does not see as a load: K/V
+            # addresses then depend on no pipelined load, so K and V get num_stages - 1 buffers each
+            # and stream ahead of the math. With tl.load the page ids take a pipeline stage of their
+            # own and K/V get one buffer, refilled only after the tile's math (see PAGE_LOADS). The
+            # clamp keeps the read inside the block table where the tile runs past `hi`.
+            page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
+                                             [bt_row + tl.minimum(n, hi - 1) // PAGE], dtype=tl.int32,
+                                             is_pure=True, pack=1).to(tl.int64)
+        else:
+            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         if HOIST:
             k = tl.load(k_head + page[:, None] * stride_kb + k_in, mask=n_ok[:, None], other=0.0)
             v = tl.load(v_head + page[:, None] * stride_vb + v_in, mask=n_ok[:, None], other=0.0)
@@ -376,7 +396,7 @@ _SM_COUNT: dict[int, int] = {}
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return 4  # interpreter: a small number so tests exercise several splits
+        return 8  # interpreter: a small number so tests exercise several splits
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -407,19 +427,24 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         mode = "decode" if max_query_len <= 1 else "chunk"
         block_m = max(16 if mode == "decode" else 64, triton.next_power_of_2(group))
         q_tiles = triton.cdiv(max(max_query_len, 1), block_m // group)
-        if block_n is None:
+        auto_block_n = block_n is None
+        if auto_block_n:
             block_n = 16 if _INTERPRET else BLOCK_N[mode]
-            if mode == "decode" and max_seq_len <= SHORT_DECODE_LEN and not _INTERPRET:
-                block_n = SHORT_DECODE_BLOCK_N
         step = block_n
         base = batch * hkv * q_tiles
     per_sm = TARGET_PROGRAMS_PER_SM[mode] if programs_per_sm is None else programs_per_sm
     min_part = (32 if _INTERPRET else MIN_PARTITION) if min_partition is None else min_partition
     min_part = max(min_part, step)
     length = max(max_seq_len, 1)
-    want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
+    if mode == "decode":
+        want = per_sm * _sm_count(device) // max(base, 1)
+    else:
+        want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
     splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
     partition = triton.cdiv(triton.cdiv(length, splits), step) * step
+    if mode == "decode" and auto_block_n and not _INTERPRET and (partition <= SHORT_SPLIT_LEN or splits == 1):
+        block_n = step = SHORT_SPLIT_BLOCK_N
+        partition = triton.cdiv(partition, step) * step
     splits = triton.cdiv(length, partition)  # drop splits that would own nothing
     return {"kernel": kernel, "mode": mode, "BLOCK_M": block_m, "BLOCK_N": block_n, "q_tiles": q_tiles,
             "splits": splits, "partition": partition}
@@ -443,6 +468,7 @@ def paged_attention_triton(
     block_n: int | None = None,
     decode_kernel: str | None = None,
     fused_reduce: bool | None = None,
+    page_loads: str | None = None,
     tree_masks: tuple[torch.Tensor | None, ...] = (),
     out: torch.Tensor | None = None,
     pdl: bool = False,
@@ -511,12 +537,17 @@ def paged_attention_triton(
         cnt = _counters(q.device, batch * cfg["q_tiles"] * hkv) if fused else None
         if fused and cnt is None:  # first use inside a graph capture: keep the two-kernel path
             fused = False
+        hoist = cfg["BLOCK_N"] % page == 0 and cfg["partition"] % page == 0
+        loads = PAGE_LOADS[cfg["mode"]] if page_loads is None else page_loads
+        assert loads in ("loop", "asm"), f"page_loads must be 'loop' or 'asm', not {loads!r}"
+        if loads == "asm" and _INTERPRET:
+            loads = "loop"  # the interpreter runs no inline PTX
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
             *common, cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
-            PDL=pdl, HOIST=cfg["BLOCK_N"] % page == 0 and cfg["partition"] % page == 0,
+            PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm",
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](

@@ -165,10 +165,13 @@ def _case_paged(gen):
         ("chunk split", 4, 2, 32, "chunk", None, None),
         ("mixed split", 9, 3, 64, "mixed", None, None),
         ("decode group fused", 9, 3, 64, [1, 0, 1], None, "group+fused"),
+        ("decode group in-loop page ids", 9, 3, 64, [1, 1, 1], None, "group+looppages"),
         ("chunk fused", 4, 2, 32, "chunk", None, "group+fused"),
     ]
     for name, hq, hkv, d, q_lens, per_sm, kern in cases:
-        fused = kern is not None and kern.endswith("+fused")
+        flags = kern.split("+")[1:] if kern else []
+        fused = "fused" in flags
+        page_loads = "loop" if "looppages" in flags else None  # None: the launcher's choice
         kern = kern.split("+")[0] if kern else None
         b = len(q_lens) if isinstance(q_lens, list) else 3
         ctx = torch.randint(1, 71, (b,), generator=gen).tolist()
@@ -183,7 +186,8 @@ def _case_paged(gen):
         scale = d ** -0.5
         o = torch.full_like(q, float("nan"))
         pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, scale,
-                                  programs_per_sm=per_sm, decode_kernel=kern, fused_reduce=fused, out=o)
+                                  programs_per_sm=per_sm, decode_kernel=kern, fused_reduce=fused, page_loads=page_loads,
+                                  out=o)
         ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, scale)
         counters_rearmed = all(int(c.abs().sum()) == 0 for bufs in pa._COUNTERS.values() for c in bufs)
         plan = pa.plan(len(ctx), hq, hkv, max(q_lens), max_seq, q.device, programs_per_sm=per_sm,
@@ -353,7 +357,8 @@ def test_gpu_prefill(dtype, impl):
 
 
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
-                                  "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused"])
+                                  "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused",
+                                  "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages"])
 @on_gpu
 def test_gpu_paged(mode):
     import kernels.paged_attention_triton as pa
@@ -376,12 +381,14 @@ def test_gpu_paged(mode):
     per_sm = 1 if mode.endswith("unsplit") else None
     kern = "allheads" if "allheads" in mode else None
     fused = True if mode.endswith("fused") else None
+    # How the kernel loads page ids (kernels/paged_attention_triton.py PAGE_LOADS); None: its default.
+    page_loads = {"decode_loop_pages": "loop", "decode_asm_pages": "asm", "chunk_asm_pages": "asm"}.get(mode)
     pa.POISON_SCRATCH = True
     try:
         o = torch.full_like(q, float("nan"))
         pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
                                   programs_per_sm=per_sm, min_partition=10**9 if per_sm else None,
-                                  decode_kernel=kern, fused_reduce=fused, out=o)
+                                  decode_kernel=kern, fused_reduce=fused, page_loads=page_loads, out=o)
         if fused:  # run twice: the second launch relies on the counters being re-armed by the first
             o.fill_(float("nan"))
             pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,

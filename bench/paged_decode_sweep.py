@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--block-n", default="64,128,256")
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--page-loads", default="loop,chunk,asm", help="how page ids are loaded (kernels/paged_attention_triton.py)")
+    ap.add_argument("--page-loads", default="loop,asm", help="how page ids are loaded (kernels/paged_attention_triton.py)")
     ap.add_argument("--out", default="bench/results/paged_decode_sweep_h200.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)

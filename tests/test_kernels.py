@@ -321,6 +321,7 @@ def test_decode_plan_few_long_programs(batch, length):
     assert p["BLOCK_N"] == (pa.SHORT_SPLIT_BLOCK_N if short else pa.BLOCK_N["decode"])
 
 
+@needs_triton
 def test_decode_plan_measured_shape(monkeypatch):
     """B = 64 at 8k gets the shape measured best on the H200 (bench/NOTES_kernels.md "v10")."""
     import kernels.paged_attention_triton as pa

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import BS, DT, HKV, HQ, SCALE, D, bench_graph, rel  # noqa: E402
+from bench.kernels import HKV, HQ, SCALE, bench_graph, make_decode_set, rel  # noqa: E402
 from bench.results_io import write_results  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
@@ -46,13 +46,8 @@ def main() -> None:
     print(f"{'B':>4} {'contexts':>10} {'bucket':>6} {'v9 us':>13} {'new us':>13} {'v9 plan':>10} {'new plan':>10}")
     for batch, lo, hi, bucket in CASES:
         lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda").to(torch.int32)
-        per_seq = bucket // BS
-        pages = batch * per_seq
-        sets = [(torch.randn(batch, HQ, D, device="cuda", dtype=DT, generator=gen),
-                 torch.randn(pages, BS, HKV, D, device="cuda", dtype=DT, generator=gen),
-                 torch.randn(pages, BS, HKV, D, device="cuda", dtype=DT, generator=gen),
-                 torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(batch, per_seq))
-                for _ in range(4)]
+        # Pools sized for the bucket, as the graph's block tables are; the real lengths are shorter.
+        sets = [(s["q"], s["kc"], s["vc"], s["tables"]) for s in (make_decode_set(batch, bucket, gen) for _ in range(4))]
         qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
         q, kc, vc, tables = sets[0]
         ref = paged_attention_ref(q.float(), kc.float(), vc.float(), tables, lens, qsl, 1, bucket, SCALE)

@@ -57,7 +57,8 @@ BLOCK_N = {"decode": 64, "chunk": 64, "allheads": 128}  # K/V tile height (allhe
 # (batch 1, every split 256 keys: 6.4 vs 7.3 us at 1k, 7.5 vs 8.4 at 4k; B = 256: 789 vs 797 us at 16k).
 SHORT_SPLIT_LEN, SHORT_SPLIT_BLOCK_N = 512, 128
 # Merge the split partials inside the partial kernel (the last-arriving program reduces) instead of
-# a second kernel launch. Measured 1-9% slower than the separate reduce on the H200, so off.
+# a second kernel launch. Measured 1-9% slower than the separate reduce on the H200 with many splits,
+# and within 0.5 % of it with the 2 splits decode takes at B = 64 since v10, so off.
 FUSED_REDUCE = False
 # How the partial kernel reads page ids from the block table, per mode: "loop" (tl.load per K/V
 # tile) or "asm" (inline PTX per tile, so K/V are multi-buffered; see the kernel's loop). "asm"

@@ -299,6 +299,16 @@ def test_ref_batched_decode_matches_one_sequence_at_a_time(seed):
         torch.testing.assert_close(out[s:e], alone, rtol=1e-5, atol=1e-6)
 
 
+def _decode_plan_on_h200(batch: int, length: int) -> dict:
+    """The launcher's decode plan for SmolLM2's heads as it would be made on a 132-SM GPU."""
+    import kernels.paged_attention_triton as pa
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pa, "_INTERPRET", False)
+        mp.setattr(pa, "_sm_count", lambda device: 132)
+        return pa.plan(batch, 9, 3, 1, length, torch.device("cpu"))
+
+
 @needs_triton
 @settings(max_examples=300, deadline=None)
 @given(batch=st.integers(1, 512), length=st.integers(1, 65536))
@@ -308,10 +318,7 @@ def test_decode_plan_few_long_programs(batch, length):
     each split, and 128-key tiles exactly for splits of <= 512 keys and for unsplit launches."""
     import kernels.paged_attention_triton as pa
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pa, "_INTERPRET", False)
-        mp.setattr(pa, "_sm_count", lambda device: 132)
-        p = pa.plan(batch, 9, 3, 1, length, torch.device("cpu"))
+    p = _decode_plan_on_h200(batch, length)
     programs = batch * 3 * p["splits"]
     assert p["mode"] == "decode" and p["splits"] >= 1
     assert programs <= max(pa.TARGET_PROGRAMS_PER_SM["decode"] * 132, batch * 3)
@@ -322,13 +329,11 @@ def test_decode_plan_few_long_programs(batch, length):
 
 
 @needs_triton
-def test_decode_plan_measured_shape(monkeypatch):
+def test_decode_plan_measured_shape():
     """B = 64 at 8k gets the shape measured best on the H200 (bench/NOTES_kernels.md "v10")."""
     import kernels.paged_attention_triton as pa
 
-    monkeypatch.setattr(pa, "_INTERPRET", False)
-    monkeypatch.setattr(pa, "_sm_count", lambda device: 132)
-    p = pa.plan(64, 9, 3, 1, 8192, torch.device("cpu"))
+    p = _decode_plan_on_h200(64, 8192)
     assert (p["splits"], p["BLOCK_N"], pa.NUM_STAGES["decode"], pa.PAGE_LOADS["decode"]) == (2, 64, 3, "asm")
 
 

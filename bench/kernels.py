@@ -44,6 +44,20 @@ HQ, HKV, D, BS = 9, 3, 64, 16
 DT = torch.bfloat16
 SCALE = D ** -0.5
 L2_BYTES = 60 * 2**20
+# Pools are laid out as the engine lays them out on CUDA (engine/kv_pool.py): each block
+# head-major, handed to the kernels as a strided [blocks, BS, HKV, D] view. Before v11 they were
+# token-major (results/kernels_h200_v10.json and earlier).
+HEAD_MAJOR = True
+
+
+def make_pool(nb: int, gen, fill: float | None = None) -> torch.Tensor:
+    """A [nb, BS, HKV, D] bf16 pool on the GPU, random (or `fill`), in the engine's CUDA layout."""
+    shape = (nb, HKV, BS, D) if HEAD_MAJOR else (nb, BS, HKV, D)
+    if fill is None:
+        pool = torch.randn(*shape, device="cuda", dtype=DT, generator=gen)
+    else:
+        pool = torch.full(shape, fill, device="cuda", dtype=DT)
+    return pool.transpose(1, 2) if HEAD_MAJOR else pool
 
 
 def bench(fn, warmup=25, rep=100) -> float:
@@ -110,8 +124,7 @@ def correctness(gen) -> dict:
     ):
         need = [(c + BS - 1) // BS for c in ctx]
         nb = sum(need) + 10
-        kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
-        vc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
+        kc, vc = make_pool(nb, gen), make_pool(nb, gen)
         perm = torch.randperm(nb, device="cuda", generator=gen).to(torch.int32)
         tables = torch.zeros(len(ctx), max(need), dtype=torch.int32, device="cuda")
         p = 0
@@ -132,9 +145,7 @@ def correctness(gen) -> dict:
     # kv_store exactness
     t = 4096
     nb = t // BS + 16
-    kc = torch.full((nb, BS, HKV, D), float("nan"), device="cuda", dtype=DT)
-    vc = torch.full_like(kc, float("nan"))
-    kr, vr = kc.clone(), vc.clone()
+    kc, vc, kr, vr = (make_pool(nb, gen, float("nan")) for _ in range(4))
     kk = torch.randn(t, HKV, D, device="cuda", dtype=DT, generator=gen)
     vv = torch.randn(t, HKV, D, device="cuda", dtype=DT, generator=gen)
     slots = torch.randperm(nb * BS, device="cuda", generator=gen)[:t]
@@ -202,11 +213,10 @@ def prefill_bench(gen, seq_lens_list, tokens) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------
 def make_decode_set(B, L, gen, sequential: bool = False):
-    """B sequences of L tokens in a pool of 16-token pages: shuffled pages (a long-running server's
-    pool), or each sequence's pages in order with `sequential`."""
+    """B sequences of L tokens in a pool of 16-token pages (the engine's CUDA layout, make_pool):
+    shuffled pages (a long-running server's pool), or each sequence's pages in order with `sequential`."""
     nb = B * L // BS
-    kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
-    vc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
+    kc, vc = make_pool(nb, gen), make_pool(nb, gen)
     order = torch.arange(nb, device="cuda") if sequential else torch.randperm(nb, device="cuda", generator=gen)
     tables = order.to(torch.int32).view(B, L // BS)
     q = torch.randn(B, HQ, D, device="cuda", dtype=DT, generator=gen)
@@ -306,8 +316,7 @@ def kv_store_bench(gen) -> list[dict]:
     rows = []
     for t in (64, 32768):
         nb = max(t // BS * 4, 64)
-        kc = torch.randn(nb, BS, HKV, D, device="cuda", dtype=DT, generator=gen)
-        vc = torch.randn_like(kc)
+        kc, vc = make_pool(nb, gen), make_pool(nb, gen)
         k = torch.randn(t, HKV, D, device="cuda", dtype=DT, generator=gen)
         v = torch.randn_like(k)
         slots = torch.randperm(nb * BS, device="cuda", generator=gen)[:t]
@@ -330,7 +339,8 @@ def main() -> None:
     t0 = time.time()
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-            "dtype": str(DT), "heads": [HQ, HKV], "head_dim": D, "block_size": BS}
+            "dtype": str(DT), "heads": [HQ, HKV], "head_dim": D, "block_size": BS,
+            "kv_layout": "head_major" if HEAD_MAJOR else "token_major"}
     print(info, flush=True)
     # Bring the clocks up from idle before anything is timed (run 2/3 showed first-measurement dips).
     a = torch.randn(8192, 8192, device="cuda", dtype=DT)

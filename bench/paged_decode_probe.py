@@ -33,11 +33,14 @@ B = 64
 
 
 def make_set(length: int, sequential: bool, head_major: bool, gen: torch.Generator) -> dict:
-    """`bench/kernels.py`'s decode inputs, optionally with the pool stored head-major."""
+    """`bench/kernels.py`'s decode inputs with the pool stored head-major (its layout since v11) or
+    token-major."""
     s = make_decode_set(B, length, gen, sequential)
-    if head_major:  # storage [nb, Hkv, BS, D], seen as [nb, BS, Hkv, D]
-        s["kc"] = s["kc"].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-        s["vc"] = s["vc"].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    for name in ("kc", "vc"):
+        if head_major:  # storage [nb, Hkv, BS, D], seen as [nb, BS, Hkv, D]
+            s[name] = s[name].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        else:
+            s[name] = s[name].contiguous()
     return s
 
 

@@ -3,8 +3,8 @@
 Sweeps the knobs that set how many programs run and how each one streams: programs per SM (hence
 the split count), K/V tile height, pipeline stages, warps, and how page ids are read ("loop":
 tl.load per tile; "asm": inline PTX, which lets Triton multi-buffer K/V). Same inputs as
-`bench/kernels.py` (B = 64 unless --batch, shuffled 16-token pages, rotating input sets bigger than
-L2, graph-replayed). Prints the best configs per L, the best with loop page loads, the launcher's
+`bench/kernels.py` (B = 64 unless --batch, shuffled 16-token pages in the engine's CUDA layout,
+rotating input sets bigger than L2, graph-replayed). Prints the best configs per L, the best with loop page loads, the launcher's
 default and SDPA, and writes JSON.
 
     python3 bench/paged_decode_sweep.py --out bench/results/paged_decode_sweep_h200.json
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--page-loads", default="loop,asm", help="how page ids are loaded (kernels/paged_attention_triton.py)")
+    ap.add_argument("--fused-reduce", default="0", help="merge split partials in the partial kernel: 0, 1 or 0,1")
     ap.add_argument("--out", default="bench/results/paged_decode_sweep_h200.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -64,7 +65,7 @@ def main() -> None:
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     grid = list(itertools.product([int(x) for x in args.per_sm.split(",")], [int(x) for x in args.block_n.split(",")],
                                   [int(x) for x in args.stages.split(",")], [int(x) for x in args.warps.split(",")],
-                                  args.page_loads.split(",")))
+                                  args.page_loads.split(","), [bool(int(x)) for x in args.fused_reduce.split(",")]))
     results = []
     for L in [int(x) for x in args.lengths.split(",")]:
         kv_bytes = 2 * B * L * HKV * D * 2
@@ -75,8 +76,8 @@ def main() -> None:
         s0 = sets[0]
         ref = paged_attention_ref(s0["q"].float(), s0["kc"].float(), s0["vc"].float(), s0["tables"], sl, qsl, 1, L, SCALE)
         rows = []
-        for per_sm, bn, st, wp, sp in grid:
-            kw = dict(programs_per_sm=per_sm, block_n=bn, num_stages=st, num_warps=wp, page_loads=sp)
+        for per_sm, bn, st, wp, sp, fr in grid:
+            kw = dict(programs_per_sm=per_sm, block_n=bn, num_stages=st, num_warps=wp, page_loads=sp, fused_reduce=fr)
             plan = pa.plan(B, HQ, HKV, 1, L, torch.device("cuda"), per_sm, None, bn)
             try:
                 err = rel(pa.paged_attention_triton(s0["q"], s0["kc"], s0["vc"], s0["tables"], sl, qsl, 1, L, SCALE, **kw), ref)
@@ -95,11 +96,11 @@ def main() -> None:
         ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
         print(f"\nL={L}: default {default_ms * 1e3:.1f} us ({100 * nbytes / (default_ms * 1e-3) / 1e12 / copy:.1f}% copy), "
               f"SDPA {sd * 1e3:.1f} us, copy floor {nbytes / (copy * 1e12) * 1e6:.1f} us")
-        print(f"{'per_sm':>6} {'block_n':>7} {'stages':>6} {'warps':>5} {'pages':>6} {'splits':>6} {'us':>7} {'%copy':>6} "
-              f"{'vs SDPA':>7}")
+        print(f"{'per_sm':>6} {'block_n':>7} {'stages':>6} {'warps':>5} {'pages':>6} {'fused':>5} {'splits':>6} {'us':>7} "
+              f"{'%copy':>6} {'vs SDPA':>7}")
         for r in ok[:12]:
             print(f"{r['programs_per_sm']:>6} {r['block_n']:>7} {r['num_stages']:>6} {r['num_warps']:>5} "
-                  f"{r['page_loads']:>6} {r['splits']:>6} "
+                  f"{r['page_loads']:>6} {int(r['fused_reduce']):>5} {r['splits']:>6} "
                   f"{r['ms'] * 1e3:>7.1f} {r['pct_copy']:>6.1f} {sd / r['ms']:>7.2f}")
         loop = [r for r in ok if r["page_loads"] == "loop"]
         if loop:

@@ -69,6 +69,10 @@ class EngineConfig:
     # when kernels are not being profiled): each kernel starts while the previous one finishes.
     programmatic_launch: bool = True
     profile_kernels: bool = True
+    # How a KV block is laid out in memory (engine/kv_pool.py): "auto" is head-major on CUDA (what the
+    # Triton decode kernel streams fastest) and token-major on the CPU (what the torch reference
+    # gathers fastest). Every layout gives the same tokens; tests pin one to check that.
+    kv_layout: Literal["auto", "token_major", "head_major"] = "auto"
     weights: Literal["real", "random"] = "real"
     # "light" drops the per-block pool picture, block tables and per-request states from each
     # StepRecord: benchmarks with hundreds of requests and thousands of blocks need only timings.
@@ -103,6 +107,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.policy must be 'continuous' or 'static', got {self.policy!r}")
         if self.kernel_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"EngineConfig.kernel_backend must be auto/triton/torch, got {self.kernel_backend!r}")
+        if self.kv_layout not in ("auto", "token_major", "head_major"):
+            raise ValueError(f"EngineConfig.kv_layout must be auto/token_major/head_major, got {self.kv_layout!r}")
         if self.spec_drafter not in DRAFTERS:
             raise ValueError(f"EngineConfig.spec_drafter must be one of {'/'.join(DRAFTERS)}, got {self.spec_drafter!r}")
         if not 0 <= self.spec_draft_vocab <= 1 << 20:
@@ -121,6 +127,13 @@ class EngineConfig:
     @property
     def pool_tokens(self) -> int:
         return self.block_size * self.num_blocks
+
+    @property
+    def kv_head_major(self) -> bool:
+        """Whether the KV pool stores each block head-major (see kv_layout)."""
+        if self.kv_layout == "auto":
+            return self.device.split(":")[0] == "cuda"
+        return self.kv_layout == "head_major"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -67,7 +67,8 @@ class LLMEngine:
                                pdl=config.programmatic_launch)
         self.model = LlamaModel(self.model_config, self.weights.state_dict, self.kernels, self.device,
                                 self.dtype, config.max_model_len)
-        self.pool = KVPool(self.model_config, config.num_blocks, config.block_size, self.dtype, self.device)
+        self.pool = KVPool(self.model_config, config.num_blocks, config.block_size, self.dtype, self.device,
+                           head_major=config.kv_head_major)
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager)
         if config.enable_prefix_cache:

@@ -1,5 +1,17 @@
 """The real KV tensor pool that block tables index: one [num_blocks, block_size, Hkv, D] tensor
-for K and one for V per layer, carved out of a single allocation."""
+for K and one for V per layer, carved out of a single allocation.
+
+Every layer's K and V are handed out as [num_blocks, block_size, Hkv, D] tensors, but how a block is
+laid out in memory depends on the device:
+- token-major on the CPU ([block_size, Hkv, D] per block, the views are contiguous): the torch
+  reference gathers whole token rows (kernels/paged_decode_ref.py), twice as fast as from the
+  head-major layout (a 16-row decode gather of ~300 tokens: 42 vs 82 us in bf16);
+- head-major on CUDA ([Hkv, block_size, D] per block, the views are strided): one KV head's keys of a
+  page are 2 KB contiguous instead of 128-byte rows 384 bytes apart. The Triton paged-decode kernel
+  (with 128-key tiles) streams them 2-3.5 % faster than a token-major pool with its best tiles at
+  B = 64, 8k-32k, and no slower at 1k-4k or other batch sizes (bench/NOTES_kernels.md "v11").
+Everything reads and writes the pool through these views' strides, never by reshaping them.
+"""
 from __future__ import annotations
 
 import torch
@@ -10,16 +22,20 @@ from engine.config import ModelConfig
 
 class KVPool:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, head_major: bool | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        # [layers, 2, blocks, block_size, kv_heads, head_dim]; random, not zeros, so a read of an
-        # unwritten slot shows up as wrong output instead of hiding.
+        self.head_major = torch.device(device).type == "cuda" if head_major is None else head_major
+        inner = ((cfg.num_kv_heads, block_size) if self.head_major else (block_size, cfg.num_kv_heads))
+        # [layers, 2, blocks, *inner, head_dim]; random, not zeros, so a read of an unwritten slot
+        # shows up as wrong output instead of hiding.
         g = torch.Generator(device="cpu").manual_seed(1234)
-        self.data = torch.randn((cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim),
+        self.data = torch.randn((cfg.num_layers, 2, num_blocks, *inner, cfg.head_dim),
                                 generator=g, dtype=torch.float32).to(dtype=dtype, device=device)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data[i, 0], self.data[i, 1]
+        """Layer i's K and V, each [num_blocks, block_size, Hkv, D] (a strided view when head-major)."""
+        k, v = self.data[i, 0], self.data[i, 1]
+        return (k.transpose(1, 2), v.transpose(1, 2)) if self.head_major else (k, v)
 
     @property
     def nbytes(self) -> int:
@@ -38,7 +54,11 @@ class KVPool:
         compacting the path's KV into the slots right after the context."""
         if not src:
             return
-        flat = self.data.view(*self.data.shape[:2], -1, *self.data.shape[4:])  # [L, 2, slots, H, D]
-        s = torch.tensor(src, device=self.data.device)
-        d = torch.tensor(dst, device=self.data.device)
-        flat[:, :, d] = flat[:, :, s]
+        dev, bs = self.data.device, self.block_size
+        s = torch.tensor(src, device=dev)
+        d = torch.tensor(dst, device=dev)
+        # The slot's (block, offset) pair indexes dims 2 and 3 (token-major) or 2 and 4 (head-major).
+        if self.head_major:
+            self.data[:, :, d // bs, :, d % bs] = self.data[:, :, s // bs, :, s % bs]
+        else:
+            self.data[:, :, d // bs, d % bs] = self.data[:, :, s // bs, s % bs]

@@ -5,7 +5,8 @@ q_len = query_start_loc[b+1] - query_start_loc[b] query rows (1 for decode, more
 that continues a cached prefix); its context is seq_lens[b] tokens (this step's keys included,
 already stored); query row j sits at absolute position seq_lens[b] - q_len + j and sees keys
 0..that position. Keys live in the pool `[num_blocks, block_size, Hkv, D]`; token n of sequence b is
-in block block_tables[b, n // block_size] at offset n % block_size.
+in block block_tables[b, n // block_size] at offset n % block_size. Any strides with D contiguous:
+the engine's CUDA pool is a head-major view (each block stored [Hkv, block_size, D], engine/kv_pool.py).
 
 Two kernels:
 1. `_paged_attn_partial`: one program per (KV head, split, query tile, sequence). The rows of its
@@ -52,13 +53,15 @@ DECODE_KERNEL = "group"
 # bench/NOTES_kernels.md "v10" (the loop page loads wanted 16 per SM and 128-key tiles, "v5").
 TARGET_PROGRAMS_PER_SM = {"decode": 3, "chunk": 8, "allheads": 8}
 NUM_STAGES = {"decode": 3, "chunk": 3, "allheads": 2}
-BLOCK_N = {"decode": 64, "chunk": 64, "allheads": 128}  # K/V tile height (allheads: token-head rows)
-# Decode splits this short or shorter, and unsplit launches (B >= 128), take 128-key tiles instead
-# (batch 1, every split 256 keys: 6.4 vs 7.3 us at 1k, 7.5 vs 8.4 at 4k; B = 256: 789 vs 797 us at 16k).
-SHORT_SPLIT_LEN, SHORT_SPLIT_BLOCK_N = 512, 128
+# K/V tile height (allheads: token-head rows). Decode takes 128-key tiles with the engine's
+# head-major pool on CUDA (engine/kv_pool.py), where a page's keys of one head are contiguous: 0.6-1.9 %
+# faster than 64-key tiles at B = 64 from 8k to 32k and equal below (v11). With a token-major pool
+# 64-key tiles were 1-2 % faster at 8k-32k, but the engine no longer makes one on CUDA.
+BLOCK_N = {"decode": 128, "chunk": 64, "allheads": 128}
 # Merge the split partials inside the partial kernel (the last-arriving program reduces) instead of
-# a second kernel launch. Measured 1-9% slower than the separate reduce on the H200 with many splits,
-# and within 0.5 % of it with the 2 splits decode takes at B = 64 since v10, so off.
+# a second kernel launch. Measured 1-9% slower than the separate reduce on the H200 with many splits;
+# with the 2 splits decode takes at B = 64 it is 0.3-1 % faster (v11), but at B = 16 (8 splits) 1k
+# is 10 % slower and 4k equal, so off.
 FUSED_REDUCE = False
 # How the partial kernel reads page ids from the block table, per mode: "loop" (tl.load per K/V
 # tile) or "asm" (inline PTX per tile, so K/V are multi-buffered; see the kernel's loop). "asm"
@@ -83,6 +86,7 @@ def _paged_attn_partial(
     stride_bt,
     stride_ot, stride_oh,
     PARTITION,
+    BT_WIDTH,  # entries per block-table row
     CNT, Q_TILES,  # fused reduce: arrival counters, one per (sequence, q tile, KV head)
     TM, TOFF,  # tree masks: flat int8 [q_len x q_len per tree], per-sequence offset into it (-1: causal)
     NUM_SPLITS: tl.constexpr,
@@ -109,12 +113,14 @@ def _paged_attn_partial(
     qt = tl.program_id(1)
     b = tl.program_id(2)
 
+    # No early return for a tile past this sequence's rows (its loop is empty and its stores masked
+    # instead): a branch on q_len would make every later load wait for query_start_loc, and the
+    # context length, the page ids and the first K/V copies would then come one after another
+    # instead of together (v11: 0.5-1 % at B = 64, 1k-32k).
     q_start = tl.load(QSL + b)
     q_len = tl.load(QSL + b + 1) - q_start
-    j0 = qt * Q_PER_TILE
-    if j0 >= q_len:
-        return
     ctx = tl.load(SEQ_LENS + b)
+    j0 = qt * Q_PER_TILE
 
     rows = tl.arange(0, BLOCK_M)
     qi = rows // GROUP
@@ -135,6 +141,7 @@ def _paged_attn_partial(
     kv_end = ctx - q_len + last_j + 1
     lo = split * PARTITION
     hi = tl.minimum(lo + PARTITION, kv_end)
+    hi = tl.where(j0 < q_len, hi, lo)  # a tile past this sequence's rows reads nothing
 
     if TREE:
         # A draft tree under verification: among this step's rows, row j sees only the rows its
@@ -161,9 +168,11 @@ def _paged_attn_partial(
             # addresses then depend on no pipelined load, so K and V get num_stages - 1 buffers each
             # and stream ahead of the math. With tl.load the page ids take a pipeline stage of their
             # own and K/V get one buffer, refilled only after the tile's math (see PAGE_LOADS). The
-            # clamp keeps the read inside the block table where the tile runs past `hi`.
+            # clamp keeps the read inside the block-table row where the tile runs past the context;
+            # it is the row's width, not `hi`, so the read need not wait for seq_lens. Ids read past
+            # the context are never used: their K/V rows are masked off and not fetched.
             page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
-                                             [bt_row + tl.minimum(n, hi - 1) // PAGE], dtype=tl.int32,
+                                             [bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1)], dtype=tl.int32,
                                              is_pure=True, pack=1).to(tl.int64)
         else:
             page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
@@ -428,8 +437,7 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         mode = "decode" if max_query_len <= 1 else "chunk"
         block_m = max(16 if mode == "decode" else 64, triton.next_power_of_2(group))
         q_tiles = triton.cdiv(max(max_query_len, 1), block_m // group)
-        auto_block_n = block_n is None
-        if auto_block_n:
+        if block_n is None:
             block_n = 16 if _INTERPRET else BLOCK_N[mode]
         step = block_n
         base = batch * hkv * q_tiles
@@ -443,9 +451,6 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
     splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
     partition = triton.cdiv(triton.cdiv(length, splits), step) * step
-    if mode == "decode" and auto_block_n and not _INTERPRET and (partition <= SHORT_SPLIT_LEN or splits == 1):
-        block_n = step = SHORT_SPLIT_BLOCK_N
-        partition = triton.cdiv(partition, step) * step
     splits = triton.cdiv(length, partition)  # drop splits that would own nothing
     return {"kernel": kernel, "mode": mode, "BLOCK_M": block_m, "BLOCK_N": block_n, "q_tiles": q_tiles,
             "splits": splits, "partition": partition}
@@ -544,7 +549,7 @@ def paged_attention_triton(
         if loads == "asm" and _INTERPRET:
             loads = "loop"  # the interpreter runs no inline PTX
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
-            *common, cnt if fused else out, cfg["q_tiles"], tm, toff,
+            *common, block_tables.shape[1], cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,

@@ -12,6 +12,7 @@ T = 1, 37, 8195, and one CUDA-graph capture/replay of the three kernels.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -97,6 +98,15 @@ def _poison(module):
     return module
 
 
+def pool(shape, fill, head_major, dtype=torch.float32, device="cpu"):
+    """A [blocks, block_size, Hkv, D] pool filled with `fill`; `head_major`: stored [blocks, Hkv,
+    block_size, D] and returned as the strided view engine/kv_pool.py hands out on CUDA."""
+    nb, bs, h, d = shape
+    if head_major:
+        return torch.full((nb, h, bs, d), fill, dtype=dtype, device=device).transpose(1, 2)
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
 def _rand(lo, hi, gen) -> int:
     return int(torch.randint(lo, hi, (1,), generator=gen))
 
@@ -152,7 +162,7 @@ def _case_rope_store(gen):
     # (GQA 4:2, D 32, 8-row path).
     cases = [(1, HQ, HKV, D, 16), (_rand(2, 16, gen), HQ, HKV, D, 16), (39, HQ, HKV, D, 16),
              (_rand(16, 40, gen), 4, 2, 32, 8)]
-    for t, hq, hkv, d, bs in cases:
+    for (t, hq, hkv, d, bs), head_major in itertools.product(cases, (False, True)):
         max_len = 4 * t + 64
         cos, sin = rope_tables(max_len, d)
         qkv = randn((t, (hq + 2 * hkv) * d), gen)
@@ -161,15 +171,14 @@ def _case_rope_store(gen):
         slots = make_slots(t, nb, bs, gen)
         if t == 1:
             slots[0] = -1 if bool(torch.rand(1, generator=gen) < 0.5) else slots[0]
-        kc = torch.full((nb, bs, hkv, d), float("nan"))
-        vc = torch.full_like(kc, float("nan"))
-        kr, vr = kc.clone(), vc.clone()
+        # The pool token-major, or head-major as the engine makes it on CUDA (a strided view).
+        kc, vc, kr, vr = (pool((nb, bs, hkv, d), float("nan"), head_major) for _ in range(4))
         qkv0 = qkv.clone()
         q, k, v = mod.rope_store_triton(qkv, positions, cos, sin, kc, vc, slots, hq, hkv, d)
         q2, k2, v2 = rope_store_ref(qkv, positions, cos, sin, kr, vr, slots, hq, hkv, d)
         written = bool(torch.isfinite(q).all() and torch.isfinite(k).all())
         ok = slots >= 0
-        flat_k, flat_v = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
+        flat_k, flat_v = kc.reshape(-1, hkv, d), vc.reshape(-1, hkv, d)  # copies when head-major: read-only
         written = written and bool(torch.isfinite(flat_k[slots[ok]]).all() and torch.isfinite(flat_v[slots[ok]]).all())
         # Every other pool slot must still be NaN (nothing stored for slot -1 rows, nothing stray).
         untouched = torch.ones(nb * bs, dtype=torch.bool)
@@ -178,7 +187,8 @@ def _case_rope_store(gen):
         exact = (_same(q, q2) and _same(k, k2) and _same(v, v2) and _same(kc, kr) and _same(vc, vr)
                  and torch.equal(qkv, qkv0) and q.is_contiguous() and k.is_contiguous()
                  and v.data_ptr() == qkv.data_ptr() + (hq + hkv) * d * qkv.element_size())
-        out.append({"name": f"rope_store T={t} hq={hq} hkv={hkv} d={d} bs={bs} skipped={int((~ok).sum())}",
+        out.append({"name": f"rope_store T={t} hq={hq} hkv={hkv} d={d} bs={bs} head_major={head_major} "
+                            f"skipped={int((~ok).sum())}",
                     "all_written": written, "exact": bool(exact)})
     return out
 
@@ -385,8 +395,8 @@ def test_gpu_rope_store(dtype, t):
     qkv = randn((t, (HQ + 2 * HKV) * D), gen, dt, "cuda")
     pos = torch.randint(0, max_len, (t,), generator=gen).cuda()
     slots = make_slots(t, nb, bs, gen, 0.1).cuda()
-    kc = torch.full((nb, bs, HKV, D), float("nan"), dtype=dt, device="cuda")
-    vc, kr, vr = kc.clone(), kc.clone(), kc.clone()
+    # Head-major, as the engine's CUDA pool (engine/kv_pool.py).
+    kc, vc, kr, vr = (pool((nb, bs, HKV, D), float("nan"), True, dt, "cuda") for _ in range(4))
     q, k, v = rope_store_triton(qkv, pos, cos, sin, kc, vc, slots, HQ, HKV, D)
     q2, k2, v2 = rope_store_ref(qkv, pos, cos, sin, kr, vr, slots, HQ, HKV, D)
     assert torch.equal(q, q2), f"q: {_mismatch(q, q2)} (seed {seed})"
@@ -440,8 +450,7 @@ def test_gpu_cuda_graph_fused(dtype):
     s_gu = torch.zeros(b, 2 * INTER, dtype=dt, device="cuda")
     s_pos = torch.zeros(b, dtype=torch.int64, device="cuda")
     s_slots = torch.full((b,), -1, dtype=torch.int64, device="cuda")
-    kc = torch.zeros(nb, bs, HKV, D, dtype=dt, device="cuda")
-    vc = torch.zeros_like(kc)
+    kc, vc = (pool((nb, bs, HKV, D), 0.0, True, dt, "cuda") for _ in range(2))  # head-major, as the engine's
 
     def step():
         y, h = kern.rmsnorm(s_x, w, EPS, residual=s_res)

@@ -64,14 +64,24 @@ def make_varlen(lens, hq, hkv, d, dtype, device, gen, fused=False):
     return q, k, v, cu.to(device)
 
 
+def make_pool(num_blocks, block_size, hkv, d, dtype, device, gen=None, head_major=False, fill=None):
+    """A [num_blocks, block_size, Hkv, D] pool tensor, random (or `fill`). `head_major`: stored as
+    [num_blocks, Hkv, block_size, D] and returned as a strided view, like engine/kv_pool.py on CUDA."""
+    shape = (num_blocks, hkv, block_size, d) if head_major else (num_blocks, block_size, hkv, d)
+    pool = torch.full(shape, fill) if fill is not None else torch.randn(*shape, generator=gen)
+    pool = pool.to(dtype).to(device)
+    return pool.transpose(1, 2) if head_major else pool
+
+
 def make_paged(ctx_lens, q_lens, hq, hkv, d, block_size, dtype, device, gen, extra_blocks=3,
-               pad_value=None):
-    """A shuffled pool holding each sequence's context, block tables padded with `pad_value`
-    (random garbage when None) past each sequence's blocks, and this step's queries."""
+               pad_value=None, head_major=False):
+    """A shuffled pool holding each sequence's context (token- or head-major, see make_pool), block
+    tables padded with `pad_value` (random garbage when None) past each sequence's blocks, and this
+    step's queries."""
     need = [(c + block_size - 1) // block_size for c in ctx_lens]
     num_blocks = sum(need) + extra_blocks
-    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype).to(device)
-    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype).to(device)
+    k_cache = make_pool(num_blocks, block_size, hkv, d, dtype, device, gen, head_major)
+    v_cache = make_pool(num_blocks, block_size, hkv, d, dtype, device, gen, head_major)
     perm = torch.randperm(num_blocks, generator=gen)
     max_blocks = max(need) + 2
     if pad_value is None:
@@ -112,7 +122,7 @@ def _case_store_kv(gen):
     from kernels.kv_store_triton import store_kv_triton
 
     out = []
-    for fused in (False, True):
+    for fused, head_major in itertools.product((False, True), (False, True)):
         t = int(torch.randint(1, 71, (1,), generator=gen))
         hkv, d, bs = (3, 64, 16) if fused else (2, 32, 16)
         nb = (t + bs - 1) // bs + 4
@@ -120,14 +130,16 @@ def _case_store_kv(gen):
         slots = torch.randperm(nb * bs, generator=gen)[:t]
         skip = torch.rand(t, generator=gen) < 0.2
         slots[skip] = -1
-        kc = torch.full((nb, bs, hkv, d), float("nan"))
-        vc = torch.full_like(kc, float("nan"))
-        kr, vr = kc.clone(), vc.clone()
+        kc, vc, kr, vr = (make_pool(nb, bs, hkv, d, torch.float32, "cpu", head_major=head_major, fill=float("nan"))
+                          for _ in range(4))
         store_kv_triton(k, v, kc, vc, slots)
         store_kv_ref(k, v, kr, vr, slots)
         same = bool(torch.equal(kc.nan_to_num(1e30), kr.nan_to_num(1e30))
                     and torch.equal(vc.nan_to_num(1e30), vr.nan_to_num(1e30)))
-        out.append({"name": f"store_kv t={t} fused={fused}", "exact": same})
+        # Both writers put token n's rows where the pool's [block, offset] view says (whatever the layout).
+        ok = slots >= 0
+        placed = bool(torch.equal(kr[slots[ok] // bs, slots[ok] % bs], k[ok]))
+        out.append({"name": f"store_kv t={t} fused={fused} head_major={head_major}", "exact": same and placed})
     return out
 
 
@@ -159,17 +171,22 @@ def _case_paged(gen):
     out = []
     bs = 16
     cases = [
-        # (name, hq, hkv, d, q_lens, split knob, decode kernel)
-        ("decode allheads split", 9, 3, 64, [1, 1, 1], None, "allheads"),
-        ("decode allheads unsplit", 4, 2, 64, [1, 0, 1, 1], 1, "allheads"),  # one empty sequence
-        ("decode group split", 9, 3, 64, [1, 1, 1], None, "group"),
-        ("decode group unsplit", 4, 2, 64, [1, 1, 1, 1], 1, "group"),
-        ("chunk split", 4, 2, 32, "chunk", None, None),
-        ("mixed split", 9, 3, 64, "mixed", None, None),
-        ("decode group fused", 9, 3, 64, [1, 0, 1], None, "group+fused"),
-        ("chunk fused", 4, 2, 32, "chunk", None, "group+fused"),
+        # (name, hq, hkv, d, q_lens, split knob, decode kernel, head-major pool)
+        ("decode allheads split", 9, 3, 64, [1, 1, 1], None, "allheads", False),
+        ("decode allheads unsplit", 4, 2, 64, [1, 0, 1, 1], 1, "allheads", False),  # one empty sequence
+        ("decode group split", 9, 3, 64, [1, 1, 1], None, "group", False),
+        ("decode group unsplit", 4, 2, 64, [1, 1, 1, 1], 1, "group", False),
+        ("chunk split", 4, 2, 32, "chunk", None, None, False),
+        ("mixed split", 9, 3, 64, "mixed", None, None, False),
+        ("decode group fused", 9, 3, 64, [1, 0, 1], None, "group+fused", False),
+        ("chunk fused", 4, 2, 32, "chunk", None, "group+fused", False),
+        # The engine's CUDA pool layout (engine/kv_pool.py): every path reads it through strides.
+        ("decode group split head-major", 9, 3, 64, [1, 0, 1], None, "group", True),
+        ("decode allheads split head-major", 9, 3, 64, [1, 1, 1], None, "allheads", True),
+        ("mixed split head-major", 9, 3, 64, "mixed", None, None, True),
+        ("chunk fused head-major", 4, 2, 32, "chunk", None, "group+fused", True),
     ]
-    for name, hq, hkv, d, q_lens, per_sm, kern in cases:
+    for name, hq, hkv, d, q_lens, per_sm, kern, head_major in cases:
         fused = kern is not None and kern.endswith("+fused")
         kern = kern.split("+")[0] if kern else None
         b = len(q_lens) if isinstance(q_lens, list) else 3
@@ -179,7 +196,8 @@ def _case_paged(gen):
             q_lens = [int(torch.randint(2, c + 1, (1,), generator=gen)) if c > 1 else 1 for c in ctx]
         elif q_lens == "mixed":
             q_lens = [1, min(ctx[1], 7), 1]
-        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, hq, hkv, d, bs, torch.float32, "cpu", gen)
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, hq, hkv, d, bs, torch.float32, "cpu", gen,
+                                                      head_major=head_major)
         # A max_seq_len bucket larger than any context, as a CUDA graph would pass.
         max_seq = max(ctx) + int(torch.randint(0, 40, (1,), generator=gen))
         scale = d ** -0.5
@@ -314,8 +332,8 @@ def _decode_plan_on_h200(batch: int, length: int) -> dict:
 @given(batch=st.integers(1, 512), length=st.integers(1, 65536))
 def test_decode_plan_few_long_programs(batch, length):
     """The decode launch plan on a 132-SM GPU: at most TARGET_PROGRAMS_PER_SM programs per SM unless
-    one split per (sequence, KV head) is already more, no split that owns nothing, tiles that tile
-    each split, and 128-key tiles exactly for splits of <= 512 keys and for unsplit launches."""
+    one split per (sequence, KV head) is already more, no split that owns nothing, and the decode
+    tiles tiling each split."""
     import kernels.paged_attention_triton as pa
 
     p = _decode_plan_on_h200(batch, length)
@@ -323,18 +341,17 @@ def test_decode_plan_few_long_programs(batch, length):
     assert p["mode"] == "decode" and p["splits"] >= 1
     assert programs <= max(pa.TARGET_PROGRAMS_PER_SM["decode"] * 132, batch * 3)
     assert p["partition"] * (p["splits"] - 1) < length <= p["partition"] * p["splits"]
-    assert p["partition"] % p["BLOCK_N"] == 0
-    short = p["partition"] <= pa.SHORT_SPLIT_LEN or p["splits"] == 1
-    assert p["BLOCK_N"] == (pa.SHORT_SPLIT_BLOCK_N if short else pa.BLOCK_N["decode"])
+    assert p["BLOCK_N"] == pa.BLOCK_N["decode"] and p["partition"] % p["BLOCK_N"] == 0
 
 
 @needs_triton
 def test_decode_plan_measured_shape():
-    """B = 64 at 8k gets the shape measured best on the H200 (bench/NOTES_kernels.md "v10")."""
+    """B = 64 at 8k gets the shape measured best on the H200 with the engine's head-major pool
+    (bench/NOTES_kernels.md "v10", "v11")."""
     import kernels.paged_attention_triton as pa
 
     p = _decode_plan_on_h200(64, 8192)
-    assert (p["splits"], p["BLOCK_N"], pa.NUM_STAGES["decode"], pa.PAGE_LOADS["decode"]) == (2, 64, 3, "asm")
+    assert (p["splits"], p["BLOCK_N"], pa.NUM_STAGES["decode"], pa.PAGE_LOADS["decode"]) == (2, 128, 3, "asm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,9 +365,10 @@ def on_gpu(test):
 
 
 
+@pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @on_gpu
-def test_gpu_store_kv(dtype):
+def test_gpu_store_kv(dtype, head_major):
     from kernels.kv_store_ref import store_kv_ref
     from kernels.kv_store_triton import store_kv_triton
 
@@ -362,9 +380,8 @@ def test_gpu_store_kv(dtype):
     slots = torch.randperm(nb * bs, generator=gen)[:t]
     slots[torch.rand(t, generator=gen) < 0.1] = -1
     slots = slots.cuda()
-    kc = torch.full((nb, bs, hkv, d), float("nan"), dtype=dt, device="cuda")
-    vc = torch.full_like(kc, float("nan"))
-    kr, vr = kc.clone(), vc.clone()
+    kc, vc, kr, vr = (make_pool(nb, bs, hkv, d, dt, "cuda", head_major=head_major, fill=float("nan"))
+                      for _ in range(4))
     store_kv_triton(k, v, kc, vc, slots)
     store_kv_ref(k, v, kr, vr, slots)
     torch.testing.assert_close(kc, kr, rtol=0, atol=0, equal_nan=True, msg=f"seed {seed}")
@@ -395,8 +412,9 @@ def test_gpu_prefill(dtype, impl):
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
                                   "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused",
                                   "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages"])
+@pytest.mark.parametrize("layout", ["head_major", "token_major"])
 @on_gpu
-def test_gpu_paged(mode):
+def test_gpu_paged(mode, layout):
     import kernels.paged_attention_triton as pa
     from kernels.paged_attention_ref import paged_attention_ref
 
@@ -412,7 +430,8 @@ def test_gpu_paged(mode):
     else:
         ctx = torch.randint(1, 3000, (12,), generator=gen).tolist()
         q_lens = [1] * 8 + [min(c, 257) for c in ctx[8:]]
-    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, dt, "cuda", gen)
+    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, dt, "cuda", gen,
+                                                  head_major=layout == "head_major")
     max_seq = max(ctx) + 100
     per_sm = 1 if mode.endswith("unsplit") else None
     kern = "allheads" if "allheads" in mode else None
@@ -450,7 +469,7 @@ def test_gpu_paged_tree(dtype):
     seed, gen = _new_gen()
     q_lens = [1, 25, 1, 65, 40]
     ctx = [int(torch.randint(q + 1, 3000, (1,), generator=gen)) for q in q_lens]
-    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, 16, dt, "cuda", gen)
+    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, 16, dt, "cuda", gen, head_major=True)
     masks = tuple(random_tree_mask(n, gen).cuda() if n in (25, 65) else None for n in q_lens)
     o = torch.full_like(q, float("nan"))
     pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max(ctx) + 50, 0.125, tree_masks=masks,
@@ -466,7 +485,8 @@ def test_gpu_paged_tree(dtype):
 @on_gpu
 def test_gpu_cuda_graph_decode(fused):
     """store_kv + paged decode captured once for a (batch, max_seq_len bucket), replayed on new
-    lengths, block tables and data: every replay must match the reference."""
+    lengths, block tables and data: every replay must match the reference. Head-major pool, as the
+    engine makes on CUDA."""
     from kernels.kv_store_triton import store_kv_triton
     from kernels.paged_attention_ref import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton
@@ -475,8 +495,8 @@ def test_gpu_cuda_graph_decode(fused):
     b, hq, hkv, d, bs, bucket = 32, 9, 3, 64, 16, 2048
     nb = b * bucket // bs + 8
     dt = torch.bfloat16
-    kc = torch.randn(nb, bs, hkv, d, generator=gen).to(dt).cuda()
-    vc = torch.randn(nb, bs, hkv, d, generator=gen).to(dt).cuda()
+    kc = make_pool(nb, bs, hkv, d, dt, "cuda", gen, head_major=True)
+    vc = make_pool(nb, bs, hkv, d, dt, "cuda", gen, head_major=True)
     s_q = torch.zeros(b, hq, d, dtype=dt, device="cuda")
     s_k = torch.zeros(b, hkv, d, dtype=dt, device="cuda")
     s_v = torch.zeros(b, hkv, d, dtype=dt, device="cuda")
@@ -513,9 +533,9 @@ def test_gpu_cuda_graph_decode(fused):
         ref = paged_attention_ref(s_q.float(), kc.float(), vc.float(), s_tables, s_lens, s_qsl, 1, bucket, 0.125)
         assert bool(torch.isfinite(s_out).all()), f"seed {seed}"
         assert rel_err(s_out, ref) < BF16_TOL, f"rel err {rel_err(s_out, ref):.3g} (seed {seed})"
-        flat_k = kc.view(-1, hkv, d)
         ok = slots >= 0
-        assert torch.equal(flat_k[slots[ok].cuda()], s_k[ok.cuda()]), f"store_kv in graph (seed {seed})"
+        stored = slots[ok].cuda()
+        assert torch.equal(kc[stored // bs, stored % bs], s_k[ok.cuda()]), f"store_kv in graph (seed {seed})"
 
 
 if __name__ == "__main__":

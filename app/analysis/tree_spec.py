@@ -121,7 +121,7 @@ def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (
     cfg, bs = engine.model_config, engine.config.block_size
     n_max = context_len + max(sizes) + 1
     blocks = (n_max + bs - 1) // bs
-    pool = KVPool(cfg, blocks, bs, engine.dtype, engine.device)
+    pool = KVPool(cfg, blocks, bs, engine.dtype, engine.device, head_major=engine.pool.head_major)
     table = list(range(blocks))
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(10, cfg.vocab_size, (context_len,), generator=gen).tolist()

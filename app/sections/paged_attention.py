@@ -27,7 +27,11 @@ def paged_explanation() -> None:
          "With n = 2, both samples point at the same prompt blocks (yellow, ref count ×2). The first time a sample "
          "writes into the shared, partly filled last block, the engine copies it: copy-on-write.",
          "Finished requests hand their blocks back to the free list; new requests reuse them right away.",
-         "The waste chart compares the pool with reserving max_model_len slots per request up front."],
+         "The waste chart compares the pool with reserving max_model_len slots per request up front.",
+         "Inside a block, the engine stores K and V token by token on the CPU ([B, KV heads, head dim]) and head "
+         "by head on a GPU ([KV heads, B, head dim]), so that one head's B keys sit side by side in memory and "
+         "the Triton kernel streams long contexts 2–3.5 % faster. The block table and the slot formula are the "
+         "same either way."],
     )
 
 

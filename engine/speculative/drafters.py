@@ -213,7 +213,8 @@ class DraftModelDrafter(EarlyExitDrafter):
         sd = layers.engine_state_dict(engine.weights.state_dict["model.embed_tokens.weight"])
         ec = engine.config
         self.model = LlamaModel(dcfg, sd, engine.kernels, engine.device, engine.dtype, ec.max_model_len)
-        self.pool = KVPool(dcfg, ec.num_blocks, ec.block_size, engine.dtype, engine.device)
+        self.pool = KVPool(dcfg, ec.num_blocks, ec.block_size, engine.dtype, engine.device,
+                           head_major=engine.pool.head_major)
         self.meta = meta
         self.detail = {"draft_layers": self.num_layers, "draft_model": True}
         self.lm_head = DraftLMHead(self.model.embed, ec.spec_draft_vocab)

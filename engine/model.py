@@ -85,6 +85,7 @@ class LlamaModel:
         w = prepare_weights(cfg, state_dict, device, dtype, packed)
         self.embed, self.final_norm, self.layers, self.lm_head = w.embed, w.final_norm, w.layers, w.lm_head
         self.cos, self.sin = rope_cache(cfg, max_len, device)
+        self.max_len = max_len
         self.scale = cfg.head_dim ** -0.5
         self.weight_bytes = w.nbytes
         self.piecewise = None  # a PiecewiseGraphRunner when the engine runs prefill steps as CUDA graphs
@@ -108,9 +109,13 @@ class LlamaModel:
         extra = (batch.tree_masks,) if batch.tree_masks else ()
         if nf > 0 and out is None:
             out = torch.empty_like(q)
+        # A decode-only step plans the paged kernel for max_len, as the decode CUDA graphs do
+        # (engine/cuda_graphs.py): the Triton kernel divides each context by the plan's split count,
+        # so one plan keeps the greedy tokens bitwise the same with graphs on and off.
+        max_seq_len = max(self.max_len, batch.max_seq_len) if batch.max_query_len == 1 else batch.max_seq_len
         paged_out = paged(
             q[nf:], k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            batch.max_query_len, batch.max_seq_len, self.scale, batch.q_lens, batch.ctx_lens, *extra,
+            batch.max_query_len, max_seq_len, self.scale, batch.q_lens, batch.ctx_lens, *extra,
             out=None if out is None else out[nf:])
         if nf == 0:
             return paged_out

@@ -81,3 +81,25 @@ def test_paged_waste_is_measured_against_contiguous_reservation(random_weights) 
     assert pool.internal_waste_tokens == 112 - 90
     assert pool.contiguous_reserved_tokens == 3 * 1024
     assert pool.paged_waste_fraction < 0.25 < 0.9 < pool.contiguous_waste_fraction
+
+
+def test_decode_steps_plan_attention_for_the_graph_bucket(random_weights) -> None:
+    """Eager decode-only steps give the paged kernel max_model_len as max_seq_len, as the decode CUDA
+    graphs do (the Triton kernel splits each context by the plan's split count, so this keeps graphs
+    on and off summing alike); steps with prompt rows keep the batch's own longest context."""
+    eng = _engine(random_weights, max_model_len=512, max_num_batched_tokens=16)
+    seen: list[tuple[int, int, int]] = []
+    paged = eng.kernels.paged_attention
+
+    def spy(q, k_cache, v_cache, block_tables, seq_lens, qsl, max_query_len, max_seq_len, *args, **kw):
+        seen.append((max_query_len, max_seq_len, int(seq_lens.max())))
+        return paged(q, k_cache, v_cache, block_tables, seq_lens, qsl, max_query_len, max_seq_len, *args, **kw)
+
+    eng.kernels.paged_attention = spy
+    eng.add_request(list(range(100, 140)), SamplingParams(max_tokens=4, ignore_eos=True))  # 40 tokens: 3 chunks
+    while eng.has_work():
+        eng.step()
+    decode = [s for s in seen if s[0] == 1]
+    chunks = [s for s in seen if s[0] > 1]
+    assert decode and all(m == 512 for _, m, _ in decode)
+    assert chunks and all(m == longest for _, m, longest in chunks)

@@ -2,9 +2,10 @@
 
 Sweeps the knobs that set how many programs run and how each one streams: programs per SM (hence
 the split count), K/V tile height, pipeline stages, warps, and how page ids are read ("loop":
-tl.load per tile; "asm": inline PTX, which lets Triton multi-buffer K/V). Same inputs as
-`bench/kernels.py` (B = 64 unless --batch, shuffled 16-token pages in the engine's CUDA layout,
-rotating input sets bigger than L2, graph-replayed). Prints the best configs per L, the best with loop page loads, the launcher's
+tl.load per tile; "asm": inline PTX, which lets Triton multi-buffer K/V), and whether the split
+partials are merged in the partial kernel. Same inputs as `bench/kernels.py` (B = 64 unless
+--batch, shuffled 16-token pages in the engine's CUDA layout, rotating input sets bigger than L2,
+graph-replayed). Prints the best configs per L, the best with loop page loads, the launcher's
 default and SDPA, and writes JSON.
 
     python3 bench/paged_decode_sweep.py --out bench/results/paged_decode_sweep_h200.json

@@ -22,9 +22,10 @@ from engine.config import ModelConfig
 
 class KVPool:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, head_major: bool | None = None) -> None:
+                 device: torch.device, head_major: bool) -> None:
+        """`head_major`: the layout above; EngineConfig.kv_head_major picks it per device."""
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.head_major = torch.device(device).type == "cuda" if head_major is None else head_major
+        self.head_major = head_major
         inner = ((cfg.num_kv_heads, block_size) if self.head_major else (block_size, cfg.num_kv_heads))
         # [layers, 2, blocks, *inner, head_dim]; random, not zeros, so a read of an unwritten slot
         # shows up as wrong output instead of hiding.
@@ -32,10 +33,14 @@ class KVPool:
         self.data = torch.randn((cfg.num_layers, 2, num_blocks, *inner, cfg.head_dim),
                                 generator=g, dtype=torch.float32).to(dtype=dtype, device=device)
 
+    def _slots_view(self) -> torch.Tensor:
+        """`data` as [layers, 2, blocks, block_size, Hkv, D] whatever the layout (strided when head-major)."""
+        return self.data.transpose(3, 4) if self.head_major else self.data
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i's K and V, each [num_blocks, block_size, Hkv, D] (a strided view when head-major)."""
-        k, v = self.data[i, 0], self.data[i, 1]
-        return (k.transpose(1, 2), v.transpose(1, 2)) if self.head_major else (k, v)
+        view = self._slots_view()
+        return view[i, 0], view[i, 1]
 
     @property
     def nbytes(self) -> int:
@@ -54,11 +59,7 @@ class KVPool:
         compacting the path's KV into the slots right after the context."""
         if not src:
             return
-        dev, bs = self.data.device, self.block_size
-        s = torch.tensor(src, device=dev)
-        d = torch.tensor(dst, device=dev)
-        # The slot's (block, offset) pair indexes dims 2 and 3 (token-major) or 2 and 4 (head-major).
-        if self.head_major:
-            self.data[:, :, d // bs, :, d % bs] = self.data[:, :, s // bs, :, s % bs]
-        else:
-            self.data[:, :, d // bs, d % bs] = self.data[:, :, s // bs, s % bs]
+        bs, view = self.block_size, self._slots_view()
+        s = torch.tensor(src, device=self.data.device)
+        d = torch.tensor(dst, device=self.data.device)
+        view[:, :, d // bs, d % bs] = view[:, :, s // bs, s % bs]  # writes through the view

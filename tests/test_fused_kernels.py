@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover
 HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
 HAS_CUDA = torch is not None and torch.cuda.is_available()
 
+from tests.test_kernels import make_pool  # noqa: E402 (the KV pool builder of the attention kernels' tests)
+
 HQ, HKV, D, HIDDEN, INTER = 9, 3, 64, 576, 1536
 EPS = 1e-5
 
@@ -96,15 +98,6 @@ class _PoisonTorch(types.ModuleType):
 def _poison(module):
     module.torch = _PoisonTorch(torch)
     return module
-
-
-def pool(shape, fill, head_major, dtype=torch.float32, device="cpu"):
-    """A [blocks, block_size, Hkv, D] pool filled with `fill`; `head_major`: stored [blocks, Hkv,
-    block_size, D] and returned as the strided view engine/kv_pool.py hands out on CUDA."""
-    nb, bs, h, d = shape
-    if head_major:
-        return torch.full((nb, h, bs, d), fill, dtype=dtype, device=device).transpose(1, 2)
-    return torch.full(shape, fill, dtype=dtype, device=device)
 
 
 def _rand(lo, hi, gen) -> int:
@@ -172,7 +165,8 @@ def _case_rope_store(gen):
         if t == 1:
             slots[0] = -1 if bool(torch.rand(1, generator=gen) < 0.5) else slots[0]
         # The pool token-major, or head-major as the engine makes it on CUDA (a strided view).
-        kc, vc, kr, vr = (pool((nb, bs, hkv, d), float("nan"), head_major) for _ in range(4))
+        kc, vc, kr, vr = (make_pool(nb, bs, hkv, d, torch.float32, "cpu", head_major=head_major, fill=float("nan"))
+                          for _ in range(4))
         qkv0 = qkv.clone()
         q, k, v = mod.rope_store_triton(qkv, positions, cos, sin, kc, vc, slots, hq, hkv, d)
         q2, k2, v2 = rope_store_ref(qkv, positions, cos, sin, kr, vr, slots, hq, hkv, d)
@@ -396,7 +390,7 @@ def test_gpu_rope_store(dtype, t):
     pos = torch.randint(0, max_len, (t,), generator=gen).cuda()
     slots = make_slots(t, nb, bs, gen, 0.1).cuda()
     # Head-major, as the engine's CUDA pool (engine/kv_pool.py).
-    kc, vc, kr, vr = (pool((nb, bs, HKV, D), float("nan"), True, dt, "cuda") for _ in range(4))
+    kc, vc, kr, vr = (make_pool(nb, bs, HKV, D, dt, "cuda", head_major=True, fill=float("nan")) for _ in range(4))
     q, k, v = rope_store_triton(qkv, pos, cos, sin, kc, vc, slots, HQ, HKV, D)
     q2, k2, v2 = rope_store_ref(qkv, pos, cos, sin, kr, vr, slots, HQ, HKV, D)
     assert torch.equal(q, q2), f"q: {_mismatch(q, q2)} (seed {seed})"
@@ -450,7 +444,7 @@ def test_gpu_cuda_graph_fused(dtype):
     s_gu = torch.zeros(b, 2 * INTER, dtype=dt, device="cuda")
     s_pos = torch.zeros(b, dtype=torch.int64, device="cuda")
     s_slots = torch.full((b,), -1, dtype=torch.int64, device="cuda")
-    kc, vc = (pool((nb, bs, HKV, D), 0.0, True, dt, "cuda") for _ in range(2))  # head-major, as the engine's
+    kc, vc = (make_pool(nb, bs, HKV, D, dt, "cuda", head_major=True, fill=0.0) for _ in range(2))  # as the engine's
 
     def step():
         y, h = kern.rmsnorm(s_x, w, EPS, residual=s_res)

@@ -53,7 +53,9 @@ def flash_header() -> None:
 def flash_explanation() -> None:
     explanation(
         "Online softmax, one key tile at a time",
-        [r"S_{ij} = Q_i K_j^{\top} / \sqrt{d}, \qquad m^{(j)} = \max\big(m^{(j-1)},\ \operatorname{rowmax} S_{ij}\big)",
+        # S and m on separate lines: on one they overflowed the formula column at a 1500-pixel window.
+        [r"S_{ij} = Q_i K_j^{\top} / \sqrt{d}",
+         r"m^{(j)} = \max\big(m^{(j-1)},\ \operatorname{rowmax} S_{ij}\big)",
          r"\ell^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,\ell^{(j-1)} + \operatorname{rowsum} e^{\,S_{ij} - m^{(j)}}",
          r"O^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,O^{(j-1)} + e^{\,S_{ij} - m^{(j)}}\, V_j",
          r"O = O^{(\text{last})} \,/\, \ell^{(\text{last})}",
@@ -199,12 +201,14 @@ def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: t
         rows = []
         for length in (n, 4096, 32768, 131072):
             mem = AttentionMemory(length, cfg.num_heads, 2)
+            # Short headers: the table shares half the page with the heatmap, and long ones pushed the last
+            # column out of view.
             rows.append({"N": f"{length:,}" + (" (this prompt)" if length == n else ""),
-                         "naive S per layer (bf16)": human_bytes(mem.naive_scores_bytes),
-                         "FA2 m, l per layer": human_bytes(mem.flash_state_bytes),
-                         "per head, naive": human_bytes(mem.naive_scores_bytes / cfg.num_heads)})
+                         "naive S": human_bytes(mem.naive_scores_bytes),
+                         "FA2 m, l": human_bytes(mem.flash_state_bytes),
+                         "naive, 1 head": human_bytes(mem.naive_scores_bytes / cfg.num_heads)})
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-        st.caption("Naive attention writes S to HBM, reads it back for the softmax, writes P, and reads P for "
+        st.caption(f"Per layer ({cfg.num_heads} heads) in bf16. Naive attention writes S to HBM, reads it back for the softmax, writes P, and reads P for "
                    "the PV matmul: Θ(N²) traffic per head. FA2 computes each S tile in SRAM and throws it away; "
                    "its HBM traffic is Q, K, V and O (Θ(N·d)).")
         strongest = int(probs[s.row, : s.row + 1].argmax())

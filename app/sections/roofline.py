@@ -169,9 +169,11 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
                 help=f"{record.num_prefill_tokens} prefill + {record.num_decode_tokens} decode")
     m[2].metric("Step FLOPs", fmt_rate(totals.flops, "FLOP"), help="summed over every timed kernel")
     m[3].metric("Step bytes moved", fmt_rate(totals.bytes, "B"))
-    m[4].metric("Step intensity", f"{totals.intensity:.3g} FLOP/B",
-                delta=f"{'above' if totals.intensity >= c.ridge else 'below'} the ridge ({c.ridge:.3g})",
-                delta_color="off")
+    # The unit sits in the label: five metrics share the row, and a value wider than its column is cut off.
+    above = totals.intensity >= c.ridge
+    m[4].metric("Step intensity (FLOP/B)", f"{totals.intensity:.3g}",
+                delta=f"{'above' if above else 'below'} the ridge ({c.ridge:.3g})", delta_color="off",
+                delta_arrow="up" if above else "down")
     title = (f"Step {record.step} ({phase}: {record.num_prefill_tokens} prefill + {record.num_decode_tokens} decode "
              f"tokens) on the roofline")
     if not now:
@@ -237,19 +239,21 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
     cross = crossing_batch(cfg, elem, chosen.ridge)
     lin = linear_intensity(cfg, batch, elem)
     t = step.seconds(chosen)
-    m = st.columns(5)
-    m[0].metric("FLOPs per decode step", fmt_rate(step.flops, "FLOP"),
-                help=f"B × (2 × {matmul_params(cfg) / 1e6:.1f}M params + attention over the context) = "
-                     f"{batch} × {fmt_rate(flops_per_token(cfg, context), 'FLOP')}")
-    m[1].metric("Bytes per decode step", fmt_rate(step.bytes, "B"),
-                help=f"weights {fmt_rate(step.weight_bytes, 'B')} + KV {fmt_rate(step.kv_bytes, 'B')}")
-    m[2].metric("Linear-layer intensity", f"{lin:.3g} FLOP/B",
-                delta=f"ridge {chosen.ridge:.3g}: {'compute' if lin >= chosen.ridge else 'memory'}-bound",
-                delta_color="off")
-    m[3].metric("Linear layers cross the ridge at", f"B = {cross}" if cross else "never",
-                help="counting the activation bytes too, so a little above ridge × e / 2")
-    m[4].metric("Predicted step time → tokens/s", f"{t * 1e3:.3g} ms → {batch / t:,.0f}",
-                help=f"max(FLOPs/π, bytes/β); {step.bound(chosen)} as a whole step")
+    # Two rows of three: at five to a row the longer values ("30.1 ms", "B = 5") were cut off.
+    top, bottom = st.columns(3), st.columns(3)
+    top[0].metric("FLOPs per decode step", fmt_rate(step.flops, "FLOP"),
+                  help=f"B × (2 × {matmul_params(cfg) / 1e6:.1f}M params + attention over the context) = "
+                       f"{batch} × {fmt_rate(flops_per_token(cfg, context), 'FLOP')}")
+    top[1].metric("Bytes per decode step", fmt_rate(step.bytes, "B"),
+                  help=f"weights {fmt_rate(step.weight_bytes, 'B')} + KV {fmt_rate(step.kv_bytes, 'B')}")
+    top[2].metric("Linear-layer intensity (FLOP/B)", f"{lin:.3g}",
+                  delta=f"ridge {chosen.ridge:.3g}: {'compute' if lin >= chosen.ridge else 'memory'}-bound",
+                  delta_color="off", delta_arrow="up" if lin >= chosen.ridge else "down")
+    bottom[0].metric("Linear layers cross the ridge at", f"B = {cross}" if cross else "never",
+                     help="counting the activation bytes too, so a little above ridge × e / 2")
+    bottom[1].metric("Predicted step time", f"{t * 1e3:.3g} ms",
+                     help=f"max(FLOPs/π, bytes/β); {step.bound(chosen)} as a whole step")
+    bottom[2].metric("Predicted output tokens/s", f"{batch / t:,.0f}", help="B tokens per step ÷ the step time")
     show_figure(decode_calculator_chart(cfg, elem, chosen, batch, context), key="roofline-calc", height=460)
     st.caption("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
                f"{linear_intensity(cfg, 256, elem):.0f} FLOP/B at L = 256 and {linear_intensity(cfg, 2048, elem):.0f} "

@@ -12,6 +12,20 @@ _BASE_CSS = """
   [data-testid="stMainBlockContainer"] { padding-top: 2.2rem; padding-bottom: 3rem; }
   [data-testid="stPlotlyChart"] { margin-bottom: 0.4rem; }
   [data-testid="stMetricValue"] { font-variant-numeric: tabular-nums; }
+  /* A metric too wide for its column wraps instead of ending in "…": five or six metrics share a row on
+     several pages, and in presentation mode, or at a projector's 1280 pixels, values such as "287 MFLOP"
+     or a model name were cut off. */
+  [data-testid="stMetricValue"] .stMarkdownEllipsis, [data-testid="stMetricLabel"] .stMarkdownEllipsis,
+  [data-testid="stMetricDelta"] .stMarkdownEllipsis, [data-testid="stMetricValue"] p,
+  [data-testid="stMetricLabel"] p, [data-testid="stMetricDelta"] p {
+    white-space: normal !important; overflow: visible; text-overflow: clip; overflow-wrap: break-word;
+  }
+  [data-testid="stMetricValue"] p { line-height: 1.15; }
+  /* The home page's topic links carry a one-line summary: let it wrap rather than end in "…". */
+  [data-testid="stMainBlockContainer"] [data-testid="stPageLink"] .stMarkdownEllipsis,
+  [data-testid="stMainBlockContainer"] [data-testid="stPageLink"] p {
+    white-space: normal !important; overflow: visible; text-overflow: clip;
+  }
 </style>
 """
 
@@ -26,6 +40,15 @@ _PRESENT_CSS = """
   [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li { font-size: 1.2rem; }
   /* Metric values are markdown too: keep them big (the rule above would shrink them). */
   [data-testid="stMetricValue"], [data-testid="stMetricValue"] * { font-size: 2.6rem !important; }
+  /* Rows of four, and of five or more, metrics: sizes that keep most values on one line at 1280 pixels. */
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(4)) [data-testid="stMetricValue"],
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(4)) [data-testid="stMetricValue"] * {
+    font-size: 2.2rem !important;
+  }
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(5)) [data-testid="stMetricValue"],
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(5)) [data-testid="stMetricValue"] * {
+    font-size: 1.9rem !important;
+  }
   [data-testid="stMetricLabel"] p { font-size: 1.05rem !important; }
 </style>
 """

@@ -83,6 +83,16 @@ def step(pg, expected_records: int) -> None:  # noqa: ANN001
     wait_idle(pg)
 
 
+def assert_metrics_fit(pg) -> None:  # noqa: ANN001
+    """No metric's value, label or delta is cut off ("…") or spills into its neighbour: each fits its column."""
+    overflowing = pg.evaluate("""() => [...document.querySelectorAll(
+        '[data-testid="stMetricValue"] .stMarkdownEllipsis, [data-testid="stMetricLabel"] .stMarkdownEllipsis')]
+        .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right >
+                     e.closest('[data-testid="stColumn"], [data-testid="stVerticalBlock"]').getBoundingClientRect().right + 1)
+        .map(e => e.innerText)""")
+    assert not overflowing, f"metrics cut off or spilling over: {overflowing}"
+
+
 def plotly_count(pg) -> int:  # noqa: ANN001
     """Charts that actually drew (a Plotly SVG inside the element)."""
     return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
@@ -108,6 +118,7 @@ def test_home(server, page) -> None:  # noqa: ANN001
         assert "torch reference path on the CPU" in text
     assert page.locator('[data-testid="stPageLink"]').count() >= 3
     assert_clean(page)
+    assert_metrics_fit(page)
     shoot(page, "00_home")
 
 
@@ -131,6 +142,7 @@ def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) 
         step(page, i)
         assert_clean(page)
     assert plotly_count(page) >= min_charts
+    assert_metrics_fit(page)
     shoot(page, f"{name}_step4")
     # Scrub back to the first step: redrawn from records, still clean.
     slider = page.locator('input[type="range"][aria-label^="Timeline"]').first
@@ -170,6 +182,13 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
+    page.set_viewport_size({"width": 1280, "height": 1000})  # a projector; metric font 2.6rem
+    open_page(page, server, "attention-roofline")
+    page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
+                 has_text="Presentation mode").first.click()
+    wait_idle(page)
+    step(page, 1)
+    assert_metrics_fit(page)
     open_page(page, server, "paged-attention")
     page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
                  has_text="Presentation mode").first.click()

@@ -182,7 +182,8 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
-    page.set_viewport_size({"width": 1280, "height": 1000})  # a projector; metric font 2.6rem
+    # A projector's width, where presentation mode's large metric values used to be cut off.
+    page.set_viewport_size({"width": 1280, "height": 1000})
     open_page(page, server, "attention-roofline")
     page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
                  has_text="Presentation mode").first.click()

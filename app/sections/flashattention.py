@@ -208,9 +208,9 @@ def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: t
                          "FA2 m, l": human_bytes(mem.flash_state_bytes),
                          "naive, 1 head": human_bytes(mem.naive_scores_bytes / cfg.num_heads)})
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-        st.caption(f"Per layer ({cfg.num_heads} heads) in bf16. Naive attention writes S to HBM, reads it back for the softmax, writes P, and reads P for "
-                   "the PV matmul: Θ(N²) traffic per head. FA2 computes each S tile in SRAM and throws it away; "
-                   "its HBM traffic is Q, K, V and O (Θ(N·d)).")
+        st.caption(f"Per layer ({cfg.num_heads} heads) in bf16. Naive attention writes S to HBM, reads it back "
+                   "for the softmax, writes P, and reads P for the PV matmul: Θ(N²) traffic per head. FA2 computes "
+                   "each S tile in SRAM and throws it away; its HBM traffic is Q, K, V and O (Θ(N·d)).")
         strongest = int(probs[s.row, : s.row + 1].argmax())
         tok = shared_weights().tokenizer
         st.caption(f"Row {s.row} (token “{tok.decode_token(s.token_ids[s.row])}”) puts most weight on key "

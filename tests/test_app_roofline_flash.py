@@ -273,7 +273,7 @@ def test_flash_page_loads_and_reacts(app_env) -> None:  # noqa: ANN001
     at.slider(key="flash-layer").set_value(0).run()
     at.radio(key="flash-show").set_value("scores").run()
     _no_exception(at)
-    errors = [r for r in at.dataframe[-1].value["rel. error"]]
+    errors = [r for r in at.table[-1].value["rel. error"]]
     assert all(float(e) < 1e-5 for e in errors)
     submit = next(b for b in at.button if b.label == "Use this prompt")
     at.slider(key="flash-row").set_value(int(at.slider(key="flash-row").max))  # the last row of the long prompt

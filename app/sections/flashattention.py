@@ -223,19 +223,20 @@ def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
     key = ("compare", s.token_ids, s.layer, s.block_m, s.block_n)
     cache = page_cache(PAGE)
     again = st.button("Measure again", icon=":material/timer:", key="flash-measure",
-                      help="Timings on a shared machine are noisy: best of 3 runs each")
+                      help="Timings on a shared machine are noisy: each is the best of at least 3 runs, "
+                           "repeated for 50 ms where a run is quicker")
     if again:
         cache.pop("compare", None)
     with st.spinner("Timing naive attention, SDPA, the engine's path and the tiled re-enactment…"):
         results: list[MethodResult] = _cached(key, lambda: compare_methods(qkv, s.block_m, s.block_n))
     show_figure(method_chart(results), key="flash-methods", height=100 + 62 * len(results))
-    st.dataframe(pd.DataFrame([{"method": r.method, "device": r.device, "dtype": r.dtype,
-                                "ms": r.ms, "rel. error": f"{r.rel_err:.1e}" if r.rel_err == r.rel_err else "–",
-                                "writes N×N": "yes" if r.materialises_scores else "no",
-                                "what runs": r.error or r.what} for r in results]),
-                 hide_index=True, width="stretch",
-                 column_config={"ms": st.column_config.NumberColumn(format="%.3g"),
-                                "what runs": st.column_config.TextColumn(width="large")})
+    # A static table, not a dataframe: its cells wrap, so the "what runs" sentences are read whole rather than
+    # cut off at the right edge of a scrolling grid.
+    st.table(pd.DataFrame([{"method": r.method, "device": r.device, "dtype": r.dtype,
+                            "ms": f"{r.ms:.3g}" if r.ms == r.ms else "–",
+                            "rel. error": f"{r.rel_err:.1e}" if r.rel_err == r.rel_err else "–",
+                            "writes N×N": "yes" if r.materialises_scores else "no",
+                            "what runs": r.error or r.what} for r in results]).set_index("method"))
     gpu = torch.device(device()).type == "cuda"
     st.caption(
         f"All heads of layer {s.layer}, N = {qkv.seq_len}; the reference is naive attention in float64. "

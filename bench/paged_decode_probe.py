@@ -6,10 +6,14 @@ pool looks), on sequential pages (each sequence's pages in order, as a contiguou
 again with the pool stored head-major ([block, Hkv, 16, D], exposed through strides), plus SDPA on
 a contiguous cache with the query heads of a group as its query rows. Prints JSON and writes it.
 
-With `--ncu`, runs the default kernel and SDPA three times each on one input set and exits, for
+With `--ncu`, runs the default kernel on the engine's CUDA layout (head-major, shuffled pages) and
+SDPA both ways (`enable_gqa`, the path `bench/kernels.py` compares with, and the query heads of a
+group as query rows) three times each on one input set and exits, for
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \\
-        -k regex:"paged_attn|flash|fmha|attention" -c 4 python3 bench/paged_decode_probe.py --ncu
+        -k regex:"paged_attn|flash|fmha|attention" -c 8 python3 bench/paged_decode_probe.py --ncu
+
+(`--programs-per-sm 1` profiles the single-pass launch instead; results/paged_decode_ncu_*_h200.txt.)
 
     python3 bench/paged_decode_probe.py --length 8192 --out bench/results/paged_decode_probe_h200.json
 """
@@ -48,6 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--ncu", action="store_true", help="a few launches for Nsight Compute, no timing")
+    ap.add_argument("--programs-per-sm", type=int, default=None,
+                    help="with --ncu: the launch plan's programs per SM (1: one split at B = 64)")
     ap.add_argument("--out", default="bench/results/paged_decode_probe.json")
     args = ap.parse_args()
     length = args.length
@@ -55,10 +61,12 @@ def main() -> None:
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     sl = torch.full((B,), length, dtype=torch.int32, device="cuda")
     if args.ncu:
-        s = make_set(length, False, False, gen)
+        s = make_set(length, False, True, gen)
         c = [torch.randn(B, HKV, n, D, device="cuda", dtype=DT, generator=gen) for n in (HQ // HKV, length, length)]
         for _ in range(3):
-            pa.paged_attention_triton(s["q"], s["kc"], s["vc"], s["tables"], sl, qsl, 1, length, SCALE)
+            pa.paged_attention_triton(s["q"], s["kc"], s["vc"], s["tables"], sl, qsl, 1, length, SCALE,
+                                      programs_per_sm=args.programs_per_sm)
+            F.scaled_dot_product_attention(c[0].reshape(B, HQ, 1, D), c[1], c[2], scale=SCALE, enable_gqa=True)
             F.scaled_dot_product_attention(*c, scale=SCALE)
         torch.cuda.synchronize()
         return

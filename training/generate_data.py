@@ -36,7 +36,8 @@ def extract_features(engine: LLMEngine, sequences: list[list[int]], max_batch_to
     """The target's final-normed hidden state for every position of every sequence (fresh prefills)."""
     cfg = engine.model_config
     bs = engine.config.block_size
-    pool = KVPool(cfg, max_batch_tokens // bs + 8, bs, engine.dtype, engine.device, head_major=engine.pool.head_major)
+    pool = KVPool(cfg, max_batch_tokens // bs + 8, bs, engine.dtype, engine.device,
+                  head_major=engine.pool.head_major)
     out: list[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
     i = 0
     while i < len(sequences):

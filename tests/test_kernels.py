@@ -254,7 +254,30 @@ def _case_paged_tree(gen):
     return out
 
 
-_CASES = {"store_kv": _case_store_kv, "prefill": _case_prefill, "paged": _case_paged}
+def _case_warp_slices(gen):
+    """The bench's experimental decode kernel (bench/warp_slice_decode.py): whole tiles, a partial
+    last tile, contexts shorter than one tile, and split launches merged by the engine's reduce."""
+    from bench.warp_slice_decode import warp_slice_decode
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    out = []
+    bs = 16
+    for splits, slices, slice_keys in ((1, 4, 16), (2, 2, 32), (3, 4, 16)):
+        ctx = torch.randint(1, 200, (3,), generator=gen).tolist()
+        ctx[0] = int(torch.randint(1, 16, (1,), generator=gen))  # less than one tile
+        ctx[1] = 128 + int(torch.randint(0, 8, (1,), generator=gen)) * 16  # whole tiles, maybe a partial one
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, [1, 1, 1], 9, 3, 64, bs, torch.float32, "cpu", gen,
+                                                      head_major=True)
+        o = warp_slice_decode(q, kc, vc, tables, seq_lens, 0.125, splits=splits, slices=slices,
+                              slice_keys=slice_keys, num_warps=slices)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, 1, max(ctx), 0.125)
+        out.append({"name": f"warp slices splits={splits} {slices}x{slice_keys} ctx={ctx}",
+                    "all_written": bool(torch.isfinite(o).all()), "rel_err": rel_err(o, ref), "tol": FP32_TOL})
+    return out
+
+
+_CASES = {"store_kv": _case_store_kv, "prefill": _case_prefill, "paged": _case_paged,
+          "warp_slices": _case_warp_slices}
 
 
 def _run_child(family: str) -> list[dict]:
@@ -407,6 +430,28 @@ def test_gpu_prefill(dtype, impl):
     assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
     tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
     assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 32, 4, 3, 0), (1, 4, 32, 4, 3, 64), (1, 4, 32, 4, 4, 0), (2, 4, 32, 4, 3, 0),
+                                   (2, 2, 32, 2, 3, 0), (2, 4, 16, 4, 4, 0)])
+@on_gpu
+def test_gpu_warp_slice_decode(shape):
+    """The bench's experimental decode kernel at real shapes (those of bench/paged_decode_warp_slices.py),
+    with the page ids read through inline PTX, multi-buffered copies and, in one shape, the L1 prefetch."""
+    from bench.warp_slice_decode import warp_slice_decode
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    splits, slices, slice_keys, warps, stages, prefetch = shape
+    seed, gen = _new_gen()
+    ctx = torch.randint(1, 4097, (64,), generator=gen).tolist()
+    q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, [1] * 64, 9, 3, 64, 16, torch.bfloat16, "cuda", gen,
+                                                  head_major=True)
+    o = warp_slice_decode(q, kc, vc, tables, seq_lens, 0.125, splits=splits, slices=slices, slice_keys=slice_keys,
+                          num_warps=warps, num_stages=stages, prefetch_lines=prefetch)
+    ref = paged_attention_ref(q.float(), kc.float(), vc.float(), ref_tables(tables, ctx, 16), seq_lens, qsl, 1,
+                              max(ctx), 0.125)
+    assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
+    assert rel_err(o, ref) < BF16_TOL, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
 
 
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",

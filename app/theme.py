@@ -86,7 +86,9 @@ def plotly_config(filename: str, height: int, width: int = EXPORT_WIDTH) -> dict
         "displaylogo": False,
         "toImageButtonOptions": {"format": "png", "scale": 3, "filename": filename,
                                  "width": width, "height": height},
-        "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+        # Download, zoom, pan and reset only: the full bar is as wide as a half-width chart's title and
+        # covered it whenever the pointer was over the chart.
+        "modeBarButtonsToRemove": ["lasso2d", "select2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
     }
 
 

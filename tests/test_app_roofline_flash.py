@@ -167,6 +167,30 @@ def test_compare_methods_all_exact() -> None:
     assert mem.naive_scores_bytes == 9 * 1024 ** 2 * 2 and mem.flash_state_bytes == 9 * 1024 * 8
 
 
+def test_cpu_methods_are_timed_on_one_thread(monkeypatch) -> None:  # noqa: ANN001
+    """Two threads' barriers stall for a whole time slice whenever the browser shares the CPU (1 ms calls
+    took 75-96 ms), so the CPU rows are timed on one thread, and the caller's thread count comes back."""
+    from app.analysis import flash_compare
+
+    seen: list[int] = []
+    real_sdpa = flash_compare._sdpa
+
+    def sdpa(*args):  # noqa: ANN002, ANN202
+        seen.append(torch.get_num_threads())
+        return real_sdpa(*args)
+
+    monkeypatch.setattr(flash_compare, "_sdpa", sdpa)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = compare_methods(_random_qkv(), 16, 16, reps=1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {flash_compare.CPU_TIMING_THREADS} == {1}
+    assert all(r.device == "CPU, 1 thread" for r in results)
+
+
 def test_method_timer_repeats_fast_calls_for_a_time_budget() -> None:
     """Best-of-`reps` is extended to MIN_SECONDS of calls (capped at MAX_REPS) so one burst of another
     process cannot set every sample; a single-rep method (the slow re-enactment) still runs once."""

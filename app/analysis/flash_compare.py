@@ -3,14 +3,15 @@
 The reference is naive attention in float64 on the CPU (exact to ~1e-15). Every method's output is
 compared with it as ||out - ref|| / ||ref||. On the CPU: naive fp32 (materialises the N x N
 matrix), torch SDPA, the engine's attention path (`flash_attention_varlen_ref`, which is what the
-engine runs on the CPU) and the instrumented tiled re-enactment. On CUDA also the Triton FA2 kernel
-the engine runs there, in the engine's dtype.
+engine runs on the CPU) and the instrumented tiled re-enactment, all timed on one CPU thread. On
+CUDA also the Triton FA2 kernel the engine runs there, in the engine's dtype.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,23 @@ def _timer(device: torch.device) -> Callable[[Callable[[], torch.Tensor], int], 
     return run
 
 
+# CPU timings run on one torch thread. With two, every parallel region ends at a barrier that waits
+# for the other thread; when anything else wants the CPU (the browser drawing this very page, on the
+# same laptop) that thread is descheduled for a whole time slice, and a 1 ms SDPA call took 75-96 ms
+# (measured with two busy processes on this 2-core machine: 96 ms on two threads, 1.4 ms on one).
+CPU_TIMING_THREADS = 1
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     group = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
@@ -72,7 +90,11 @@ def compare_methods(qkv: LayerQKV, block_m: int, block_n: int, reps: int = 3,
     ref, _ = naive_attention(q32.double().cpu(), k32.double().cpu(), v32.double().cpu(), scale)
     timed = _timer(dev)
     cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    if dev.type == "cuda":
+        where, threads = torch.cuda.get_device_name(dev), nullcontext()
+    else:
+        where = f"CPU, {CPU_TIMING_THREADS} thread" + ("s" if CPU_TIMING_THREADS > 1 else "")
+        threads = _torch_threads(CPU_TIMING_THREADS)
     methods: list[tuple[str, str, Callable[[], torch.Tensor], bool, int]] = [
         ("naive softmax(QKᵀ)V", "two matmuls with the full [heads, N, N] score and probability matrices in memory",
          lambda: naive_attention(q32, k32, v32, scale)[0], True, reps),
@@ -85,7 +107,8 @@ def compare_methods(qkv: LayerQKV, block_m: int, block_n: int, reps: int = 3,
          "loop over tile pairs, instrumented for teaching (not a fast kernel)",
          lambda: flash_attention_tiled(q32, k32, v32, scale, block_m, block_n).out, False, 1),
     ]
-    results = [_run(name, what, fn, mat, r, timed, ref, where, "float32") for name, what, fn, mat, r in methods]
+    with threads:
+        results = [_run(name, what, fn, mat, r, timed, ref, where, "float32") for name, what, fn, mat, r in methods]
     if dev.type == "cuda":
         results.extend(_triton_rows(qkv, cu, timed, ref, where, reps, engine_dtype or qkv.q.dtype))
     return results

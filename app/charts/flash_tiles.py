@@ -46,11 +46,12 @@ def tile_grid(trace: FlashTrace) -> go.Figure:
                       line=dict(color=ACCENT, width=3))
         fig.add_scatter(x=[None], y=[None], mode="markers", name=f"Q tile of row {trace.row}",
                         marker=dict(size=12, symbol="square-open", color=ACCENT, line=dict(width=3)))
-    fig.update_layout(title=f"{nq} × {nk} tile pairs ({trace.block_m} queries × {trace.block_n} keys each)",
+    # A short title (it must fit a half-width column); the tile sizes are on the axes.
+    fig.update_layout(title=f"{nq} × {nk} tile pairs",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
-    fig.update_xaxes(title_text="K/V tile j (streams past, left to right)", range=[-0.5, nk - 0.5],
+    fig.update_xaxes(title_text=f"K/V tile j of {trace.block_n} keys (streams past →)", range=[-0.5, nk - 0.5],
                      tickmode="linear" if nk <= 24 else "auto", showgrid=False, zeroline=False, constrain="domain")
-    fig.update_yaxes(title_text="Q tile i (one program each)", range=[nq - 0.5, -0.5],
+    fig.update_yaxes(title_text=f"Q tile i of {trace.block_m} rows (one program)", range=[nq - 0.5, -0.5],
                      tickmode="linear" if nq <= 24 else "auto", showgrid=False, zeroline=False,
                      scaleanchor="x", scaleratio=trace.block_m / trace.block_n, constrain="domain")
     return fig
@@ -105,8 +106,10 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                      secondary_y=False)
     fig.update_yaxes(title_text="rescale", range=[0, 1.3], tickvals=[0, 0.5, 1], row=2, col=1, secondary_y=True,
                      showgrid=False)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.14, xanchor="left", x=0), bargap=0.55,
-                      margin=dict(b=80))
+    # The legend sits at the figure's bottom edge, below the x-axis title: in a half-width column its four
+    # entries wrap onto up to four lines, which at a fixed offset under the plot covered the axis title.
+    fig.update_layout(legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0),
+                      bargap=0.55, margin=dict(b=150))
     return fig
 
 

@@ -224,7 +224,8 @@ def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
     cache = page_cache(PAGE)
     again = st.button("Measure again", icon=":material/timer:", key="flash-measure",
                       help="Timings on a shared machine are noisy: each is the best of at least 3 runs, "
-                           "repeated for 50 ms where a run is quicker")
+                           "repeated for 50 ms where a run is quicker. CPU rows run on one thread: with two, "
+                           "a browser drawing on the same machine can stall every call for a whole time slice")
     if again:
         cache.pop("compare", None)
     with st.spinner("Timing naive attention, SDPA, the engine's path and the tiled re-enactment…"):

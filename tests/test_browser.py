@@ -93,6 +93,17 @@ def assert_metrics_fit(pg) -> None:  # noqa: ANN001
     assert not overflowing, f"metrics cut off or spilling over: {overflowing}"
 
 
+def assert_formulas_fit(pg) -> int:  # noqa: ANN001
+    """Every formula of the explanation panel is drawn whole inside its column (no KaTeX error, nothing past
+    the column's right edge); returns how many there are."""
+    found = pg.evaluate("""() => [...document.querySelectorAll('.st-key-explain-formulas [data-testid="stMarkdownContainer"]')]
+        .map(c => [c.querySelector('.katex-html') ? c.querySelector('.katex-html').getBoundingClientRect().right
+                   - c.getBoundingClientRect().right : 1e9, c.querySelectorAll('.katex-error').length, c.innerText])""")
+    bad = [text for over, errors, text in found if over > 1 or errors]
+    assert not bad, f"formulas cut off or not rendered: {bad}"
+    return len(found)
+
+
 def plotly_count(pg) -> int:  # noqa: ANN001
     """Charts that actually drew (a Plotly SVG inside the element)."""
     return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
@@ -179,6 +190,15 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     assert_clean(page)
     assert plotly_count(page) >= 6
     shoot(page, "04_continuous_batching_compared")
+
+
+def test_formulas_fit_a_projector(server, page) -> None:  # noqa: ANN001
+    """At 1280 pixels the explanation panel's column is ~335 pixels wide: display-mode formulas of up to
+    650 pixels were cut off there; the inline ones wrap."""
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    for path, _, _ in ENGINE_PAGES + [("flashattention", "05_flashattention", 0)]:
+        open_page(page, server, path)
+        assert assert_formulas_fit(page) >= 2, path
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001

@@ -59,7 +59,7 @@ def flash_explanation() -> None:
          r"\ell^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,\ell^{(j-1)} + \operatorname{rowsum} e^{\,S_{ij} - m^{(j)}}",
          r"O^{(j)} = e^{\,m^{(j-1)} - m^{(j)}}\,O^{(j-1)} + e^{\,S_{ij} - m^{(j)}}\, V_j",
          r"O = O^{(\text{last})} \,/\, \ell^{(\text{last})}",
-         r"\text{memory: naive } \Theta(N^2) \text{ per head}, \quad \text{FA2 } \Theta(N)"],
+         r"\text{memory: naive } \Theta(N^2) \text{ per head}, \quad\allowbreak \text{FA2 } \Theta(N)"],
         ["The tile grid: one Q tile per program; K/V tiles stream past it. Blue tiles need no mask, orange tiles "
          "straddle the diagonal and apply the causal mask, grey tiles are entirely in the future and are never "
          "loaded: about half the grid.",

@@ -17,9 +17,7 @@ from app.widgets.request_table import request_state_table
 def paged_explanation() -> None:
     explanation(
         "How a paged KV cache finds a token",
-        # On two lines: on one it is wider than the column at a 1500-pixel window and was cut off.
-        [r"\begin{aligned}\text{physical slot}(p) &= \text{block\_table}\big[\lfloor p / B \rfloor\big] \times B"
-         r" \\ &\quad + (p \bmod B)\end{aligned}",
+        [r"\text{physical slot}(p) = {\text{block\_table}\big[\lfloor p / B \rfloor\big] \times B} + (p \bmod B)",
          r"\text{waste}_{\text{paged}} \le B - 1 \ \text{slots per sequence}",
          r"\text{waste}_{\text{contiguous}} = \text{max\_model\_len} - \text{length}"],
         ["Each tile of the pool is one physical block of B token slots: the solid part is filled, the pale part is "

@@ -20,8 +20,8 @@ from app.widgets.request_table import request_state_table
 def radix_explanation() -> None:
     explanation(
         "Prefix caching and RadixAttention (SGLang)",
-        [r"\text{cached}(p) = B \cdot \max\{k : p_{1..kB} \text{ is a path from the root}\}",
-         r"k \le \left\lfloor \tfrac{|p|-1}{B} \right\rfloor \quad (B = \text{block size})",
+        [r"\text{cached}(p) = B \cdot k^{*}, \quad\allowbreak k^{*} = \max\{k : p_{1..kB} \text{ is a path from the root}\}",
+         r"k \le \left\lfloor \tfrac{|p|-1}{B} \right\rfloor \quad\allowbreak (B = \text{block size})",
          r"\text{prefill tokens computed} = |p| - \text{cached}(p)",
          r"\text{token hit rate} = \frac{\sum_r \text{cached}(p_r)}{\sum_r |p_r|}"],
         ["Each node owns a run of whole KV blocks (B tokens each) and is labelled with the text they hold; "

@@ -75,11 +75,11 @@ def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
     p = matmul_params(cfg)
     explanation(
         "The roofline, and what it predicts for LLM inference",
-        [r"P = \min\big(\pi,\ \beta \cdot I\big), \qquad I = \frac{\text{FLOPs}}{\text{bytes}}, \qquad "
-         r"I^{*} = \frac{\pi}{\beta}",
+        [r"{P = \min\big(\pi,\ \beta \cdot I\big)}, \qquad\allowbreak {I = \frac{\text{FLOPs}}{\text{bytes}}}, \qquad\allowbreak "
+         r"{I^{*} = \frac{\pi}{\beta}}",
          rf"\text{{FLOPs/token}} \approx 2 N_{{\text{{params}}}} \approx {2 * p / 1e6:.0f}\ \text{{MFLOP}}",
-         r"\text{bytes/decode step} \approx e\,N_{\text{params}} + B\,\text{ctx}\cdot 2 L H_{kv} d\, e",
-         r"I_{\text{decode, linear}} \approx \tfrac{2B}{e}, \qquad I_{\text{prefill, linear}} \approx \tfrac{2L}{e}"],
+         r"\text{bytes/decode step} \approx {e\,N_{\text{params}}} + {B\,\text{ctx}\cdot 2 L H_{kv} d\, e}",
+         r"{I_{\text{decode, linear}} \approx \tfrac{2B}{e}}, \qquad\allowbreak {I_{\text{prefill, linear}} \approx \tfrac{2L}{e}}"],
         ["Each marker is one kernel family of the selected step (the toggle splits them per kernel), summed over "
          "its 30 layers: x = its FLOPs over its bytes, y = its FLOPs over its measured time. The black line is the most this machine can do at "
          "that intensity.",

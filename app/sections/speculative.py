@@ -30,12 +30,12 @@ def speculative_explanation() -> None:
     explanation(
         "Speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
         [r"\text{keep draft } x_i \sim q \ \text{ iff }\ u_i < \min\!\Big(1, \tfrac{p(x_i)}{q(x_i)}\Big),"
-         r"\quad u_i \sim U[0, 1)",
+         r"\quad\allowbreak u_i \sim U[0, 1)",
          r"\text{first rejection: } x \sim \frac{\max(0,\ p - q)}{\sum_x \max(0,\ p(x) - q(x))}",
          r"\text{all kept: a bonus token } x \sim p \text{ from the last row}",
          r"\mathbb{E}[\text{tokens per target pass}] = \frac{1 - \alpha^{\gamma + 1}}{1 - \alpha}",
-         r"\text{speedup} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)},\quad "
-         r"c = \frac{\text{cost of one draft}}{\text{cost of one target pass}}"],
+         r"{\text{speedup} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)}},\quad\allowbreak "
+         r"{c = \frac{\text{cost of one draft}}{\text{cost of one target pass}}}"],
         ["A cheap **drafter** proposes γ tokens; the **target** scores all of them in **one** pass (1 + γ rows "
          "instead of 1). Decode is memory-bound, so that pass costs about as much as a normal one.",
          "Drafts are checked left to right: **green** kept, the first **red** one rejected and replaced "

@@ -14,8 +14,13 @@ def explanation(title: str, formulas: Sequence[str], look_for: Sequence[str], no
         left, right = st.columns([1, 1.15], gap="large")
         with left:
             st.markdown(f"##### :material/school: {title}")
-            for f in formulas:
-                st.latex(f)
+            # Inline math in display style rather than st.latex: KaTeX may break inline math after a
+            # top-level relation or operator, so a formula wraps in a narrow column (a 1280-pixel projector,
+            # a half-width window) instead of being cut off at the column's edge; display-mode formulas
+            # never break. The container's key lets app/presentation.py space the formulas.
+            with st.container(key="explain-formulas"):
+                for f in formulas:
+                    st.markdown(f"$\\displaystyle {f}$")
             if note:
                 st.caption(note)
         with right:

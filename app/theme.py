@@ -37,6 +37,9 @@ FREE_COLOR = "#F1F3F6"
 ACCENT = "#D55E00"
 MUTED = "#6B7280"
 
+FONT_SIZE = 15  # chart text; titles are 4 points larger
+PRESENT_FONT_SIZE = 20
+
 # Exported PNGs always have this size (x3 scale), whatever the browser window was.
 EXPORT_WIDTH = 1400
 
@@ -47,8 +50,10 @@ def _template(font_size: int) -> go.layout.Template:
         font=dict(family=FONT, size=font_size, color="#1F2937"),
         # Title on the first line, legend on the second, both above the plot: long titles never
         # collide with the legend.
+        # A subtitle carries the details of a long title: on one line it was cut off in half-width columns.
         title=dict(font=dict(size=font_size + 4), x=0.0, xanchor="left", xref="container",
-                   y=1.0, yanchor="top", yref="container", pad=dict(t=10, l=12)),
+                   y=1.0, yanchor="top", yref="container", pad=dict(t=10, l=12),
+                   subtitle=dict(font=dict(size=font_size, color=MUTED))),
         colorway=list(REQUEST_COLORS),
         margin=dict(l=60, r=20, t=34 + 3 * font_size, b=48),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0,
@@ -64,8 +69,8 @@ def _template(font_size: int) -> go.layout.Template:
 
 def register_templates() -> None:
     """Idempotent; called at import so any page importing charts gets the templates."""
-    pio.templates[TEMPLATE] = _template(15)
-    pio.templates[PRESENT_TEMPLATE] = _template(20)
+    pio.templates[TEMPLATE] = _template(FONT_SIZE)
+    pio.templates[PRESENT_TEMPLATE] = _template(PRESENT_FONT_SIZE)
     pio.templates.default = TEMPLATE
 
 
@@ -92,6 +97,25 @@ def plotly_config(filename: str, height: int, width: int = EXPORT_WIDTH) -> dict
     }
 
 
+def place_legend(fig: go.Figure, height: int, font_size: int) -> None:
+    """Pin a horizontal legend above or below the plot to the figure's own edges, in pixels, so that a
+    legend wrapping onto several lines in a narrow column (a 1280-pixel projector, a half-width chart)
+    pushes the plot aside instead of covering the title or the x-axis title: Plotly widens the margin
+    for a legend placed in container coordinates, but not for one hung off the plot at y = 1 or y < 0.
+    Legends placed anywhere else (beside the plot, inside it) are left alone."""
+    legend = fig.layout.legend
+    if legend.orientation == "v" or fig.layout.showlegend is False or legend.yref == "container":
+        return
+    y = 1.0 if legend.y is None else legend.y  # None: the template's place, above the plot
+    if y >= 1.0 and legend.yanchor in (None, "bottom"):
+        title = (10 + 1.35 * (font_size + 4) + 6) if fig.layout.title.text else 6  # the title's pad and line
+        if fig.layout.title.text and fig.layout.title.subtitle.text:
+            title += 1.35 * font_size + 14  # Plotly sets the subtitle a gap below the title
+        fig.update_layout(legend=dict(yref="container", y=1 - title / height, yanchor="top"))
+    elif y < 0 and legend.yanchor == "top":
+        fig.update_layout(legend=dict(yref="container", y=4 / height, yanchor="bottom"))
+
+
 def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
     """Render with the house template, a fixed height and a 3x PNG export named after `key`.
 
@@ -101,4 +125,5 @@ def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int =
     present = presentation_on()
     h = int(height * 1.25) if present else height
     fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
+    place_legend(fig, h, PRESENT_FONT_SIZE if present else FONT_SIZE)
     st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

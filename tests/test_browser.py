@@ -104,6 +104,17 @@ def assert_formulas_fit(pg) -> int:  # noqa: ANN001
     return len(found)
 
 
+def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
+    """No chart title, subtitle, axis title, annotation or legend entry runs past its chart's edges."""
+    cut = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
+        const svg = ch.querySelector('svg.main-svg'); if (!svg) return [];
+        const box = svg.getBoundingClientRect();
+        return [...ch.querySelectorAll('text.gtitle, text.xtitle, text.ytitle, g.annotation-text-g text, .legendtext')]
+            .filter(t => { const r = t.getBoundingClientRect(); return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1); })
+            .map(t => t.textContent); })""")
+    assert not cut, f"chart text cut off at the chart's edge: {cut}"
+
+
 def plotly_count(pg) -> int:  # noqa: ANN001
     """Charts that actually drew (a Plotly SVG inside the element)."""
     return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
@@ -192,13 +203,18 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     shoot(page, "04_continuous_batching_compared")
 
 
-def test_formulas_fit_a_projector(server, page) -> None:  # noqa: ANN001
+def test_text_fits_a_projector(server, page) -> None:  # noqa: ANN001
     """At 1280 pixels the explanation panel's column is ~335 pixels wide: display-mode formulas of up to
-    650 pixels were cut off there; the inline ones wrap."""
+    650 pixels were cut off there (the inline ones wrap), and so were eleven chart titles, axis titles and
+    annotations written for a 1600-pixel window (long titles now keep their details in a subtitle)."""
     page.set_viewport_size({"width": 1280, "height": 1000})
     for path, _, _ in ENGINE_PAGES + [("flashattention", "05_flashattention", 0)]:
         open_page(page, server, path)
         assert assert_formulas_fit(page) >= 2, path
+        if path != "flashattention":
+            step(page, 1)
+            step(page, 2)
+        assert_chart_text_fits(page)
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001

@@ -59,7 +59,8 @@ def batch_at_step(record: StepRecord, order: list[str]) -> go.Figure:
         hovertemplate="%{y}: %{x} tokens<extra></extra>", showlegend=False,
     )
     n, t = len(batch), record.num_batched_tokens
-    fig.update_layout(title=f"Batch of step {record.step}: {n} sequence{'s' * (n != 1)}, {t} token{'s' * (t != 1)}",
+    fig.update_layout(title=dict(text=f"Batch of step {record.step}",
+                                 subtitle=dict(text=f"{n} sequence{'s' * (n != 1)}, {t} token{'s' * (t != 1)}")),
                       xaxis_title="tokens computed this step")
     fig.update_yaxes(autorange="reversed")
     if not batch:

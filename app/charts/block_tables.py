@@ -40,12 +40,12 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
             hovers.append(f"{t.request_id}: logical block {i} → physical block {b}<br>"
                           f"{f}/{bs} slots filled, ref count {refs}")
     fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False)
-    fig.update_xaxes(title="logical block index (position in the sequence ÷ block size)", range=[0, max(width, 4)],
+    fig.update_xaxes(title="logical block index (position ÷ block size)", range=[0, max(width, 4)],
                      tickvals=[i + 0.5 for i in range(width)], ticktext=[str(i) for i in range(width)],
                      showgrid=False, zeroline=False, fixedrange=True)
     fig.update_yaxes(tickvals=[len(tables) - 1 - r + 0.5 for r in range(len(tables))], ticktext=labels,
                      range=[0, max(len(tables), 1)], showgrid=False, zeroline=False, fixedrange=True)
-    fig.update_layout(title="Block tables: the number in each cell is the physical block id",
+    fig.update_layout(title=dict(text="Block tables", subtitle=dict(text="each cell holds a physical block id")),
                       margin=dict(l=70, r=10, t=60, b=50))
     return fig
 
@@ -88,5 +88,6 @@ def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
                    for b in blocks], hoverinfo="text")
     fig.update_xaxes(visible=False, range=[-0.35, 1.2], fixedrange=True)
     fig.update_yaxes(visible=False, range=[-0.08, 1.08], fixedrange=True)
-    fig.update_layout(title="Logical → physical (yellow = one block, several owners)", margin=dict(l=10, r=10, t=60, b=10))
+    fig.update_layout(title=dict(text="Logical → physical", subtitle=dict(text="yellow: one block, several owners")),
+                      margin=dict(l=10, r=10, t=84, b=10))
     return fig

@@ -35,7 +35,7 @@ def tokens_vs_budget(splits: list[StepSplit], budget: int, selected: int | None 
 
 
 def iteration_time(splits: list[StepSplit], selected: int | None = None,
-                   title: str = "Measured iteration time (wall seconds per step)") -> go.Figure:
+                   title: str = "Measured iteration time", subtitle: str = "wall time of each step") -> go.Figure:
     fig = go.Figure()
     colors = [PREFILL if s.prefill_tokens else DECODE for s in splits]
     fig.add_bar(x=[s.step for s in splits], y=[s.wall_seconds * 1e3 for s in splits], marker_color=colors,
@@ -47,7 +47,8 @@ def iteration_time(splits: list[StepSplit], selected: int | None = None,
         fig.add_bar(x=[None], y=[None], marker_color=c, name=name)
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
-    fig.update_layout(title=title, xaxis_title="engine step", yaxis_title="ms", bargap=0.15)
+    fig.update_layout(title=dict(text=title, subtitle=dict(text=subtitle)), xaxis_title="engine step",
+                      yaxis_title="ms", bargap=0.15)
     fig.update_xaxes(**step_ticks(len(splits)))
     return fig
 

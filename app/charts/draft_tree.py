@@ -107,12 +107,12 @@ def tree_mask_figure(r: dict[str, Any]) -> go.Figure:
                       "2 visible, accepted path</extra>"))
     ticks = [("root" if i == 0 else f"n{i - 1}") for i in range(len(labels))]
     step = 1 if len(labels) <= 26 else 4
-    fig.update_xaxes(title="key row (the cached context: visible to all)", side="top",
+    fig.update_xaxes(title="key row (context: visible to all)", side="top",
                      tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step], tickangle=0,
                      tickfont=dict(size=10))
     fig.update_yaxes(title="query row", autorange="reversed", tickvals=list(range(0, len(labels), step)),
                      ticktext=ticks[::step], tickfont=dict(size=10))
-    fig.update_layout(title=dict(text=f"Tree attention mask: {len(labels)} rows, each sees itself and its ancestors",
+    fig.update_layout(title=dict(text=f"Tree attention mask: {len(labels)} rows",  # short: a half-width column
                                  y=0.02, yanchor="bottom", font=dict(size=14)), margin=dict(t=70, b=60))
     return fig
 
@@ -136,7 +136,8 @@ def tokens_per_round_figure(points: list[TreePoint], selected: int | None = None
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     top = max([3] + [p.tokens for p in points])
-    fig.update_layout(title="Tokens per target pass (accepted path + 1), every round", xaxis_title="engine step",
+    fig.update_layout(title=dict(text="Tokens per target pass", subtitle=dict(text="accepted path + 1, every round")),
+                      xaxis_title="engine step",
                       yaxis=dict(title="tokens", range=[0, top + 0.5], dtick=1))
     fig.update_xaxes(**step_ticks(max(num_steps, 1)))
     return fig

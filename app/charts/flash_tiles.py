@@ -154,9 +154,9 @@ def score_matrix(probs: torch.Tensor, scores: torch.Tensor, trace: FlashTrace, s
             fig.add_vline(x=c - 0.5, line=dict(color="rgba(255,255,255,0.55)", width=1))
     if trace.row is not None:
         fig.add_hline(y=trace.row, line=dict(color=ACCENT, width=2))
-    what = "softmax probabilities P (log scale)" if show == "probabilities" else "scores S = QKᵀ/√d"
-    pooled = f" (shown max-pooled {f}×{f})" if f > 1 else ""
-    fig.update_layout(title=f"The {n}×{n} {what} naive attention writes{pooled}")
+    what = "softmax probabilities P, log scale" if show == "probabilities" else "scores S = QKᵀ/√d"
+    pooled = f", shown max-pooled {f}×{f}" if f > 1 else ""
+    fig.update_layout(title=dict(text=f"The {n}×{n} matrix naive attention writes", subtitle=dict(text=f"{what}{pooled}")))
     fig.update_xaxes(title_text="key position", range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="query position", autorange="reversed", showgrid=False, zeroline=False,
                      scaleanchor="x")

@@ -64,7 +64,7 @@ def bytes_vs_tokens(records: list[StepRecord], bytes_per_token: int) -> go.Figur
     if records:
         fig.add_annotation(x=toks[-1], y=toks[-1] * bytes_per_token / MIB, text=f"step {records[-1].step}",
                            showarrow=True, arrowhead=2, ax=-40, ay=-30)
-    fig.update_layout(title=f"Bytes vs tokens: slope = {bytes_per_token / 1024:.1f} KiB per token",
+    fig.update_layout(title=dict(text="Bytes vs tokens", subtitle=dict(text=f"slope = {bytes_per_token / 1024:.1f} KiB per token")),
                       xaxis_title="tokens in the cache", yaxis_title="MiB of K and V", showlegend=False)
     fig.update_xaxes(rangemode="tozero")
     fig.update_yaxes(rangemode="tozero")

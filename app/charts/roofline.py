@@ -234,7 +234,7 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     """TTFT and TPOT of every request that has them at the selected step."""
     reqs = sorted(record.requests, key=lambda q: order.index(q.request_id) if q.request_id in order else 1e9)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("TTFT: arrival → first token", "TPOT: time per later token"))
+                        subplot_titles=("TTFT: arrival → first token", "TPOT: per later token"))
     ids = [q.request_id for q in reqs]
     ttft = [q.ttft_seconds * 1e3 if q.ttft_seconds >= 0 else None for q in reqs]
     tpot = [q.tpot_seconds * 1e3 if q.tpot_seconds >= 0 else None for q in reqs]

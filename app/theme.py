@@ -116,6 +116,16 @@ def place_legend(fig: go.Figure, height: int, font_size: int) -> None:
         fig.update_layout(legend=dict(yref="container", y=4 / height, yanchor="bottom"))
 
 
+def make_room_for_subtitle(fig: go.Figure, font_size: int) -> None:
+    """A chart that narrows its top margin (grids, graphs) still leaves room for a subtitle under its title."""
+    if not (fig.layout.title.text and fig.layout.title.subtitle.text):
+        return
+    need = 10 + 1.35 * (font_size + 4) + 14 + 1.35 * font_size + 8  # pad, title, gap, subtitle, breathing room
+    top = fig.layout.margin.t
+    if top is not None and top < need:
+        fig.update_layout(margin=dict(t=round(need)))
+
+
 def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
     """Render with the house template, a fixed height and a 3x PNG export named after `key`.
 
@@ -126,4 +136,5 @@ def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int =
     h = int(height * 1.25) if present else height
     fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
     place_legend(fig, h, PRESENT_FONT_SIZE if present else FONT_SIZE)
+    make_room_for_subtitle(fig, PRESENT_FONT_SIZE if present else FONT_SIZE)
     st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

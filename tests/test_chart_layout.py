@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from app.theme import FONT_SIZE, TEMPLATE, place_legend
+from app.theme import FONT_SIZE, PRESENT_FONT_SIZE, TEMPLATE, make_room_for_subtitle, place_legend
 
 
 def _figure(**layout) -> go.Figure:  # noqa: ANN003
@@ -47,3 +47,14 @@ def test_other_legends_stay(legend: dict) -> None:
     before = fig.layout.legend.to_plotly_json()
     place_legend(fig, 400, FONT_SIZE)
     assert fig.layout.legend.to_plotly_json() == before
+
+
+@pytest.mark.parametrize("font_size", [FONT_SIZE, PRESENT_FONT_SIZE])
+def test_a_narrow_top_margin_grows_for_a_subtitle(font_size: int) -> None:
+    fig = _figure(title=dict(text="Block tables", subtitle=dict(text="each cell holds a physical block id")),
+                  margin=dict(t=60))
+    make_room_for_subtitle(fig, font_size)
+    assert fig.layout.margin.t >= 1.35 * (2 * font_size + 4) + 24
+    plain = _figure(title="Block tables", margin=dict(t=60))
+    make_room_for_subtitle(plain, font_size)
+    assert plain.layout.margin.t == 60

@@ -89,5 +89,5 @@ def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
     fig.update_xaxes(visible=False, range=[-0.35, 1.2], fixedrange=True)
     fig.update_yaxes(visible=False, range=[-0.08, 1.08], fixedrange=True)
     fig.update_layout(title=dict(text="Logical → physical", subtitle=dict(text="yellow: one block, several owners")),
-                      margin=dict(l=10, r=10, t=84, b=10))
+                      margin=dict(l=10, r=10, t=60, b=10))
     return fig

@@ -106,10 +106,11 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                      secondary_y=False)
     fig.update_yaxes(title_text="rescale", range=[0, 1.3], tickvals=[0, 0.5, 1], row=2, col=1, secondary_y=True,
                      showgrid=False)
-    # The legend sits at the figure's bottom edge, below the x-axis title: in a half-width column its four
-    # entries wrap onto up to four lines, which at a fixed offset under the plot covered the axis title.
-    fig.update_layout(legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0),
-                      bargap=0.55, margin=dict(b=150))
+    # Below the plot; app.theme.place_legend pins it to the figure's bottom edge, where Plotly makes room for
+    # the up to four lines its entries wrap onto in a half-width column (at a fixed offset under the plot
+    # they covered the x-axis title).
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.14, xanchor="left", x=0), bargap=0.55,
+                      margin=dict(b=70))
     return fig
 
 

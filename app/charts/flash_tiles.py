@@ -144,7 +144,8 @@ def score_matrix(probs: torch.Tensor, scores: torch.Tensor, trace: FlashTrace, s
     shown, f = _pool(m, max_cells)
     ticks = [i * f for i in range(shown.shape[0])]
     fig = go.Figure(go.Heatmap(z=shown.tolist(), x=ticks, y=ticks, colorscale=cs, zmin=zmin, zmax=zmax,
-                               colorbar=dict(title=colorbar, thickness=12),
+                               # The title beside the bar: above it, it sat on the top tick label.
+                               colorbar=dict(title=dict(text=colorbar, side="right"), thickness=12),
                                hovertemplate="query %{y} · key %{x}: %{z:.3f}<extra></extra>", hoverongaps=False))
     # Tile boundaries as the kernel sees them (only when they stay readable).
     if n / trace.block_m <= 48:

@@ -56,6 +56,8 @@ def _warp_slice_decode(
     full_end = lo + ((hi - lo) // BLOCK_N) * BLOCK_N
     key = tl.arange(0, W)[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [W, SUB]: slice w's keys
     key_page = key // PAGE
+    # K's and V's in-page offsets are equal; two tensors and the tail loop's int64 form below are what the
+    # measured build had: ptxas's placement of the page-id loads moved with such details (v13).
     k_in = ((key % PAGE) * stride_ks)[:, :, None] + offs_d[None, None, :]
     v_in = ((key % PAGE) * stride_ks)[:, :, None] + offs_d[None, None, :]
     bt_row = BT + b.to(tl.int64) * stride_bt

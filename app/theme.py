@@ -48,8 +48,7 @@ def _template(font_size: int) -> go.layout.Template:
     t = go.layout.Template(pio.templates["plotly_white"])
     t.layout.update(
         font=dict(family=FONT, size=font_size, color="#1F2937"),
-        # Title on the first line, legend on the second, both above the plot: long titles never
-        # collide with the legend.
+        # Title (and subtitle) at the top, the legend under them (place_legend pins it there), then the plot.
         # A subtitle carries the details of a long title: on one line it was cut off in half-width columns.
         title=dict(font=dict(size=font_size + 4), x=0.0, xanchor="left", xref="container",
                    y=1.0, yanchor="top", yref="container", pad=dict(t=10, l=12),
@@ -97,6 +96,17 @@ def plotly_config(filename: str, height: int, width: int = EXPORT_WIDTH) -> dict
     }
 
 
+def _title_block_px(fig: go.Figure, font_size: int) -> float:
+    """Pixels from the figure's top edge to below its title and subtitle (the template's pad, a title
+    line, then Plotly's gap and a subtitle line); 0 without a title."""
+    if not fig.layout.title.text:
+        return 0.0
+    px = 10 + 1.35 * (font_size + 4)
+    if fig.layout.title.subtitle.text:
+        px += 14 + 1.35 * font_size
+    return px
+
+
 def place_legend(fig: go.Figure, height: int, font_size: int) -> None:
     """Pin a horizontal legend above or below the plot to the figure's own edges, in pixels, so that a
     legend wrapping onto several lines in a narrow column (a 1280-pixel projector, a half-width chart)
@@ -108,10 +118,8 @@ def place_legend(fig: go.Figure, height: int, font_size: int) -> None:
         return
     y = 1.0 if legend.y is None else legend.y  # None: the template's place, above the plot
     if y >= 1.0 and legend.yanchor in (None, "bottom"):
-        title = (10 + 1.35 * (font_size + 4) + 6) if fig.layout.title.text else 6  # the title's pad and line
-        if fig.layout.title.text and fig.layout.title.subtitle.text:
-            title += 1.35 * font_size + 14  # Plotly sets the subtitle a gap below the title
-        fig.update_layout(legend=dict(yref="container", y=1 - title / height, yanchor="top"))
+        top = _title_block_px(fig, font_size) + 6
+        fig.update_layout(legend=dict(yref="container", y=1 - top / height, yanchor="top"))
     elif y < 0 and legend.yanchor == "top":
         fig.update_layout(legend=dict(yref="container", y=4 / height, yanchor="bottom"))
 
@@ -120,7 +128,7 @@ def make_room_for_subtitle(fig: go.Figure, font_size: int) -> None:
     """A chart that narrows its top margin (grids, graphs) still leaves room for a subtitle under its title."""
     if not (fig.layout.title.text and fig.layout.title.subtitle.text):
         return
-    need = 10 + 1.35 * (font_size + 4) + 14 + 1.35 * font_size + 8  # pad, title, gap, subtitle, breathing room
+    need = _title_block_px(fig, font_size) + 8
     top = fig.layout.margin.t
     if top is not None and top < need:
         fig.update_layout(margin=dict(t=round(need)))
@@ -134,7 +142,8 @@ def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int =
     that sit in a half-width column."""
     present = presentation_on()
     h = int(height * 1.25) if present else height
+    font_size = PRESENT_FONT_SIZE if present else FONT_SIZE
     fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
-    place_legend(fig, h, PRESENT_FONT_SIZE if present else FONT_SIZE)
-    make_room_for_subtitle(fig, PRESENT_FONT_SIZE if present else FONT_SIZE)
+    place_legend(fig, h, font_size)
+    make_room_for_subtitle(fig, font_size)
     st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

@@ -135,13 +135,7 @@ def warp_slice_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     assert k_cache.shape[0] * k_cache.stride(0) < 2 ** 31, "int32 offsets: pool too large"
     assert slice_keys >= 16 and slices * slice_keys % page == 0
     out = torch.empty_like(q)
-    if splits > 1:
-        n = bsz * hq * splits
-        pacc = torch.empty(n * d, device=q.device, dtype=torch.float32)
-        pm = torch.empty(n, device=q.device, dtype=torch.float32)
-        pl = torch.empty(n, device=q.device, dtype=torch.float32)
-    else:
-        pm = pl = pacc = out  # unused
+    pm, pl, pacc = pa.split_partials(bsz, hq, splits, d, q.device) if splits > 1 else (out, out, out)
     _warp_slice_decode[(splits * hkv, bsz)](
         q, k_cache, v_cache, block_tables, seq_lens, out, pm, pl, pacc, float(scale) * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -150,8 +144,6 @@ def warp_slice_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         ASM_PAGES=not _INTERPRET, PREFETCH_LINES=0 if _INTERPRET else prefetch_lines,
         num_warps=num_warps, num_stages=1 if _INTERPRET else num_stages)
     if splits > 1:
-        qsl = torch.arange(bsz + 1, dtype=torch.int32, device=q.device)
-        pa._paged_attn_reduce[(1, bsz, hq)](
-            out, pm, pl, pacc, qsl, out.stride(0), out.stride(1), NUM_SPLITS=splits,
-            SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d, num_warps=4 if splits * d >= 2048 else 1)
+        qsl = torch.arange(bsz + 1, dtype=torch.int32, device=q.device)  # one query row per sequence
+        pa.reduce_partials(out, pm, pl, pacc, qsl, 1, bsz, splits)
     return out

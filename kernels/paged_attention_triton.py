@@ -519,16 +519,7 @@ def paged_attention_triton(
                decode_kernel)
     splits = cfg["splits"]
     if splits > 1:
-        # One allocation for the three partial buffers (each allocator call costs host time on
-        # every launch): acc first, then m and l, each segment 16-byte aligned.
-        n = t * hq * splits
-        seg = triton.cdiv(n, 4) * 4
-        alloc = torch.full if POISON_SCRATCH else torch.empty
-        extra = {"fill_value": float("nan")} if POISON_SCRATCH else {}
-        scratch = alloc((n * d + 2 * seg,), device=q.device, dtype=torch.float32, **extra)
-        pacc = scratch[:n * d].view(t, hq, splits, d)
-        pm = scratch[n * d:n * d + n].view(t, hq, splits)
-        pl = scratch[n * d + seg:n * d + seg + n].view(t, hq, splits)
+        pm, pl, pacc = split_partials(t, hq, splits, d, q.device)
     else:
         pm = pl = pacc = out  # unused
     kernel = cfg["kernel"]
@@ -569,10 +560,35 @@ def paged_attention_triton(
             PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm",
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
-        _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
-            out, pm, pl, pacc, query_start_loc,
-            out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d, PDL=pdl,
-            num_warps=4 if splits * d >= 2048 else 1, **launch,
-        )
+        reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)
     return out
+
+
+def split_partials(rows: int, hq: int, splits: int, d: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split partials (m, l, acc) of `rows` query rows, as `_paged_attn_partial` writes and
+    `_paged_attn_reduce` reads them. One allocation for the three (each allocator call costs host time on
+    every launch): acc first, then m and l, each segment 16-byte aligned."""
+    n = rows * hq * splits
+    seg = triton.cdiv(n, 4) * 4
+    alloc = torch.full if POISON_SCRATCH else torch.empty
+    extra = {"fill_value": float("nan")} if POISON_SCRATCH else {}
+    scratch = alloc((n * d + 2 * seg,), device=device, dtype=torch.float32, **extra)
+    pacc = scratch[:n * d].view(rows, hq, splits, d)
+    pm = scratch[n * d:n * d + n].view(rows, hq, splits)
+    pl = scratch[n * d + seg:n * d + seg + n].view(rows, hq, splits)
+    return pm, pl, pacc
+
+
+def reduce_partials(out: torch.Tensor, pm: torch.Tensor, pl: torch.Tensor, pacc: torch.Tensor,
+                    query_start_loc: torch.Tensor, max_query_len: int, batch: int, splits: int,
+                    pdl: bool = False) -> None:
+    """Merge the split partials of `batch` sequences into `out` [T, Hq, D] (the second kernel of a split
+    launch)."""
+    hq, d = out.shape[1], out.shape[2]
+    _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
+        out, pm, pl, pacc, query_start_loc,
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d, PDL=pdl,
+        num_warps=4 if splits * d >= 2048 else 1, **launch_options(pdl),
+    )

@@ -16,7 +16,10 @@ Two kernels:
    split NUM_SPLITS ways in whole tiles) in BLOCK_N-key tiles, gathering each key row through the
    block table, with an online softmax in base 2, and writes an unnormalised partial (max m, sum l,
    accumulator acc) in fp32; when there is a single split it writes the normalised output directly
-   and the reduce is skipped.
+   and the reduce is skipped. A launch with exactly one query row per sequence (decode) compiles a
+   DECODE variant: no causal mask, nothing read from query_start_loc (DECODE_LEAN); decode with two
+   splits merges in the partial kernel instead, the last program of each pair reducing
+   (FUSED_REDUCE_DECODE_SPLITS).
 2. `_paged_attn_reduce`: one program per (query row, sequence, query head) merges the partials:
    M = max_s m_s, out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
 
@@ -51,7 +54,8 @@ DECODE_KERNEL = "group"
 # Per mode: "decode" = max_query_len == 1, "chunk" = prefill chunks (q_len > 1, mixed batches).
 # Decode aims at *at most* its programs per SM (a floor), the other modes at least (a ceiling).
 # Decode with its page ids read through inline PTX (PAGE_LOADS) streams K/V several tiles ahead, so a
-# few long programs per SM beat many short ones: B = 64 gets 2 splits (384 programs), B >= 128 none.
+# few long programs per SM beat many short ones: B = 64 gets 2 splits (384 programs) above 2k (see
+# SINGLE_PASS_LEN), B >= 128 none.
 # bench/NOTES_kernels.md "v10" (the loop page loads wanted 16 per SM and 128-key tiles, "v5").
 TARGET_PROGRAMS_PER_SM = {"decode": 3, "chunk": 8, "allheads": 8}
 NUM_STAGES = {"decode": 3, "chunk": 3, "allheads": 2}
@@ -65,11 +69,28 @@ BLOCK_N = {"decode": 128, "chunk": 64, "allheads": 128}
 # with the 2 splits decode takes at B = 64 it is 0.3-1 % faster (v11), but at B = 16 (8 splits) 1k
 # is 10 % slower and 4k equal, so off.
 FUSED_REDUCE = False
+# ... except decode launches with at most this many splits, which merge in the partial kernel:
+# 0.6-1.3 us a call faster than the second kernel at B = 48-64 from 2k to 16k (v14).
+FUSED_REDUCE_DECODE_SPLITS = 2
 # How the partial kernel reads page ids from the block table, per mode: "loop" (tl.load per K/V
 # tile) or "asm" (inline PTX per tile, so K/V are multi-buffered; see the kernel's loop). "asm"
 # measured 5-8 % faster for decode at B = 64 from 4k to 32k with (2 programs per SM, 64-key
 # tiles, 3 stages) against the best "loop" shape (bench/NOTES_kernels.md, v10).
 PAGE_LOADS = {"decode": "asm", "chunk": "loop", "allheads": "loop"}
+# Launches with exactly one query row per sequence and no draft tree compile the partial kernel's
+# DECODE variant: the row sees its whole context, so nothing waits for query_start_loc and the keys
+# need no causal mask (B = 256 at 16-400 tokens 24.7 -> 23.3 us, B = 64 at 2k 35.0 -> 33.3; at B = 1
+# 0.1 us slower; v14).
+DECODE_LEAN = True
+# Decode programs of at least this many tiles read each tile's page ids one tile ahead (the kernel's
+# NEXT_PAGES; "asm" page loads only): B = 64 at 1k 19.8 -> 18.8 us and 2k 34.5 -> 33.3 unsplit, 0-1 %
+# with two splits; but up to 5 % slower for programs of 2-4 tiles, which pay the extra read (v14).
+NEXT_PAGE_IDS_MIN_TILES = 8
+# Decode contexts up to this many keys are not split when the unsplit programs (one per sequence and
+# KV head) already cover every SM, nor up to twice as many when they are 1.25 per SM or more: the
+# reduce then costs more than the splits gain (B = 64: 1k 21.0 -> 18.8 us, 2k 33.8 -> 33.3; B = 48 at
+# 1k 17.7 -> 16.8; B = 48 at 2k would lose 4 %, B = 56 at 2k is even within 2 %; v14).
+SINGLE_PASS_LEN = 1024
 MIN_PARTITION = 256
 MAX_SPLITS = 128
 # Tests set this to fill the split partials with NaN, so a partial the reduce reads but nobody wrote
@@ -104,6 +125,9 @@ def _paged_attn_partial(
     PDL: tl.constexpr = False,  # programmatic dependent launch (kernels/pdl.py)
     HOIST: tl.constexpr = False,  # in-page address offsets computed once (tiles start on page boundaries)
     ASM_PAGES: tl.constexpr = False,  # page ids read with inline PTX (see PAGE_LOADS)
+    DECODE: tl.constexpr = False,  # one query row per sequence (see DECODE_LEAN)
+    NEXT_PAGES: tl.constexpr = False,  # each tile reads the next tile's page ids (see NEXT_PAGE_IDS_MIN_TILES)
+    KV_SAME: tl.constexpr = False,  # the K and V pools have the same strides: one address product for both
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -119,8 +143,12 @@ def _paged_attn_partial(
     # instead): a branch on q_len would make every later load wait for query_start_loc, and the
     # context length, the page ids and the first K/V copies would then come one after another
     # instead of together (v11: 0.5-1 % at B = 64, 1k-32k).
-    q_start = tl.load(QSL + b)
-    q_len = tl.load(QSL + b + 1) - q_start
+    if DECODE:  # one row per sequence: query_start_loc is arange, nothing to wait for
+        q_start = b
+        q_len = 1
+    else:
+        q_start = tl.load(QSL + b)
+        q_len = tl.load(QSL + b + 1) - q_start
     ctx = tl.load(SEQ_LENS + b)
     j0 = qt * Q_PER_TILE
 
@@ -139,8 +167,12 @@ def _paged_attn_partial(
                 mask=row_ok[:, None], other=0.0)
 
     # Keys visible to the tile's last row end at kv_end (exclusive); this split owns [lo, hi).
-    last_j = tl.minimum(j0 + Q_PER_TILE, q_len) - 1
-    kv_end = ctx - q_len + last_j + 1
+    if DECODE:
+        # The one row sees the whole context: bounds and masks need seq_lens only.
+        kv_end = ctx
+    else:
+        last_j = tl.minimum(j0 + Q_PER_TILE, q_len) - 1
+        kv_end = ctx - q_len + last_j + 1
     if NUM_SPLITS > 1:
         # The keys this tile sees, divided among the splits in whole tiles: per sequence, not the
         # launch's PARTITION, which is sized for the graph's max_seq_len bucket. A decode graph is
@@ -154,7 +186,8 @@ def _paged_attn_partial(
         part = PARTITION
     lo = split * part
     hi = tl.minimum(lo + part, kv_end)
-    hi = tl.where(j0 < q_len, hi, lo)  # a tile past this sequence's rows reads nothing
+    if not DECODE:
+        hi = tl.where(j0 < q_len, hi, lo)  # a tile past this sequence's rows reads nothing
 
     if TREE:
         # A draft tree under verification: among this step's rows, row j sees only the rows its
@@ -166,17 +199,38 @@ def _paged_attn_partial(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     bt_row = BT + b.to(tl.int64) * stride_bt
     k_head = KC + kvh * stride_kh
-    v_head = VC + kvh * stride_vh
+    if KV_SAME:
+        v_head = VC + kvh * stride_kh
+    else:
+        v_head = VC + kvh * stride_vh
     if HOIST:
         # Tiles start on page boundaries (PAGE divides BLOCK_N, splits start on whole tiles), so a row's offset
         # inside its page is the same in every tile: its part of the address is computed once. The
         # loop's integer work is the busiest pipe (ncu: 30 % of cycles); this saves 1-3 % at 4k-32k.
         k_in = (offs_n % PAGE)[:, None] * stride_ks + offs_d[None, :]
-        v_in = (offs_n % PAGE)[:, None] * stride_vs + offs_d[None, :]
+        if KV_SAME:
+            v_in = k_in
+        else:
+            v_in = (offs_n % PAGE)[:, None] * stride_vs + offs_d[None, :]
+    if NEXT_PAGES:
+        tile_pages = offs_n // PAGE  # the tile starts on a page (HOIST)
+        next_page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
+                                              [bt_row + tl.minimum(lo // PAGE + tile_pages, BT_WIDTH - 1)],
+                                              dtype=tl.int32, is_pure=True, pack=1)
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         n_ok = n < hi
-        if ASM_PAGES:
+        if NEXT_PAGES:
+            # This tile's ids were read by the previous one; read the next tile's now. The pipeliner
+            # still issues each read in the iteration that copies its tile (it moves the read along
+            # with the copy it feeds), but ptxas then places it earlier, behind the previous tile's
+            # math, where its latency is hidden (see NEXT_PAGE_IDS_MIN_TILES).
+            page = next_page.to(tl.int64)
+            next_page = tl.inline_asm_elementwise(
+                "ld.global.nc.b32 $0, [$1];", "=r,l",
+                [bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1)],
+                dtype=tl.int32, is_pure=True, pack=1)
+        elif ASM_PAGES:
             # Page ids through inline PTX, which Triton's pipeliner does not see as a load: K/V
             # addresses then depend on no pipelined load, so K and V get num_stages - 1 buffers each
             # and stream ahead of the math. With tl.load the page ids take a pipeline stage of their
@@ -190,8 +244,10 @@ def _paged_attn_partial(
         else:
             page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         if HOIST:
-            k = tl.load(k_head + page[:, None] * stride_kb + k_in, mask=n_ok[:, None], other=0.0)
-            v = tl.load(v_head + page[:, None] * stride_vb + v_in, mask=n_ok[:, None], other=0.0)
+            k_page = page[:, None] * stride_kb
+            v_page = k_page if KV_SAME else page[:, None] * stride_vb
+            k = tl.load(k_head + k_page + k_in, mask=n_ok[:, None], other=0.0)
+            v = tl.load(v_head + v_page + v_in, mask=n_ok[:, None], other=0.0)
         else:
             off = n % PAGE
             k = tl.load(k_head + page[:, None] * stride_kb + off[:, None] * stride_ks + offs_d[None, :],
@@ -199,7 +255,10 @@ def _paged_attn_partial(
             v = tl.load(v_head + page[:, None] * stride_vb + off[:, None] * stride_vs + offs_d[None, :],
                         mask=n_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale
-        visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
+        if DECODE:
+            visible = n_ok[None, :]  # hi <= ctx: every key in range is in the row's past
+        else:
+            visible = (n[None, :] <= pos[:, None]) & n_ok[None, :]
         if TREE:
             in_new = (n[None, :] >= new0) & visible & row_ok[:, None] & (t_off >= 0)
             bit = tl.load(TM + t_off + j[:, None] * q_len + (n[None, :] - new0), mask=in_new, other=1)
@@ -428,7 +487,8 @@ def _sm_count(device: torch.device) -> int:
 
 def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, device: torch.device,
          programs_per_sm: int | None = None, min_partition: int | None = None,
-         block_n: int | None = None, decode_kernel: str | None = None) -> dict:
+         block_n: int | None = None, decode_kernel: str | None = None,
+         single_pass_len: int | None = None) -> dict:
     """Kernel, tile sizes and the context split, from shapes and python ints only (graph-safe).
 
     `block_n` is the K/V tile height: tokens for the "group" kernel, (token, KV head) rows for the
@@ -463,6 +523,12 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
     else:
         want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
     splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
+    if mode == "decode" and single_pass_len is None:
+        single_pass_len = 32 if _INTERPRET else SINGLE_PASS_LEN  # interpreter: short, so tests still split
+    sms = _sm_count(device)
+    if mode == "decode" and (length <= single_pass_len and base >= sms
+                             or length <= 2 * single_pass_len and 4 * base >= 5 * sms):
+        splits = 1
     partition = triton.cdiv(triton.cdiv(length, splits), step) * step
     splits = triton.cdiv(length, partition)  # drop splits that would own nothing
     return {"kernel": kernel, "mode": mode, "BLOCK_M": block_m, "BLOCK_N": block_n, "q_tiles": q_tiles,
@@ -488,6 +554,9 @@ def paged_attention_triton(
     decode_kernel: str | None = None,
     fused_reduce: bool | None = None,
     page_loads: str | None = None,
+    lean: bool | None = None,
+    next_pages: bool | None = None,
+    single_pass_len: int | None = None,
     tree_masks: tuple[torch.Tensor | None, ...] = (),
     out: torch.Tensor | None = None,
     pdl: bool = False,
@@ -516,7 +585,7 @@ def paged_attention_triton(
     else:
         tm = toff = seq_lens  # unused
     cfg = plan(batch, hq, hkv, max_query_len, max_seq_len, q.device, programs_per_sm, min_partition, block_n,
-               decode_kernel)
+               decode_kernel, single_pass_len)
     splits = cfg["splits"]
     if splits > 1:
         pm, pl, pacc = split_partials(t, hq, splits, d, q.device)
@@ -543,7 +612,9 @@ def paged_attention_triton(
             *common, NUM_SPLITS=splits, HQ=hq, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_H=cfg["BLOCK_M"], BLOCK_R=cfg["BLOCK_N"], num_warps=num_warps, num_stages=num_stages)
     else:
-        fused = splits > 1 and (FUSED_REDUCE if fused_reduce is None else fused_reduce)
+        if fused_reduce is None:
+            fused_reduce = FUSED_REDUCE or (cfg["mode"] == "decode" and splits <= FUSED_REDUCE_DECODE_SPLITS)
+        fused = splits > 1 and fused_reduce
         cnt = _counters(q.device, batch * cfg["q_tiles"] * hkv) if fused else None
         if fused and cnt is None:  # first use inside a graph capture: keep the two-kernel path
             fused = False
@@ -552,12 +623,20 @@ def paged_attention_triton(
         assert loads in ("loop", "asm"), f"page_loads must be 'loop' or 'asm', not {loads!r}"
         if loads == "asm" and _INTERPRET:
             loads = "loop"  # the interpreter runs no inline PTX
+        # At most one row per sequence and as many rows as sequences: exactly one each, so
+        # query_start_loc is arange (a shape-only test, safe inside a graph capture).
+        one_row_each = max_query_len == 1 and t == batch
+        decode = one_row_each and not tree and (DECODE_LEAN if lean is None else lean)
+        if next_pages is None:
+            next_pages = cfg["partition"] >= NEXT_PAGE_IDS_MIN_TILES * cfg["BLOCK_N"]
+        ahead = decode and loads == "asm" and hoist and next_pages
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
             *common, block_tables.shape[1], cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
-            PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm",
+            PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm", DECODE=decode, NEXT_PAGES=ahead,
+            KV_SAME=k_cache.stride() == v_cache.stride(),
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)

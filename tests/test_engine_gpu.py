@@ -13,14 +13,18 @@ from engine.sampling_params import SamplingParams
 pytestmark = pytest.mark.gpu
 
 
-def _outputs(weights, **cfg) -> list[tuple[int, ...]]:
-    engine = LLMEngine(EngineConfig(weights="random", device="cuda", num_blocks=512, max_num_batched_tokens=256,
-                                    max_model_len=1024, **cfg), weights)
+def _outputs(weights, num_requests: int = 12, decode_batches: list[int] | None = None,
+             **cfg) -> list[tuple[int, ...]]:
+    """Greedy tokens of mixed requests; `decode_batches` collects the size of every decode-only step."""
+    cfg = {"num_blocks": 512, "max_num_batched_tokens": 256, "max_model_len": 1024, **cfg}
+    engine = LLMEngine(EngineConfig(weights="random", device="cuda", **cfg), weights)
     rids = [engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
                                arrival_step=i % 5)
-            for i, r in enumerate(mixed_requests(12, seed=5, output_range=(4, 40)))]
+            for i, r in enumerate(mixed_requests(num_requests, seed=5, output_range=(4, 40)))]
     while engine.has_work():
-        engine.step()
+        record = engine.step()
+        if decode_batches is not None and record.num_prefill_tokens == 0 and record.num_decode_tokens:
+            decode_batches.append(record.num_decode_tokens)
     return [engine.result(r).token_ids for r in rids]
 
 
@@ -46,6 +50,25 @@ def test_triton_graphs_and_reference_agree(random_weights, dtype) -> None:
             return next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x))
         agree = sum(common(x, y) for x, y in zip(tri, ref)) / sum(len(x) for x in ref)
         assert agree > 0.8, f"only {agree:.0%} of tokens before the first divergence"
+
+
+def test_large_decode_batches_agree(random_weights) -> None:
+    """64 requests under a 2,048-token bucket: as they finish, decode batches pass through the paged
+    kernel's unsplit launch (B >= 55), its two-split launch merged in the kernel (B = 45-54) and
+    many-split launches below (kernels/paged_attention_triton.py, v14). fp32 greedy tokens equal the
+    torch reference path's, eager and with CUDA graphs and overlapped decode."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    # Every prompt prefilled within the first steps (a large token budget), so decode starts wide.
+    kw = dict(num_requests=64, max_model_len=2048, num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=16384,
+              dtype="float32")
+    ref = _outputs(random_weights, kernel_backend="torch", **kw)
+    sizes: list[int] = []
+    tri = _outputs(random_weights, kernel_backend="triton", decode_batches=sizes, **kw)
+    graphs = _outputs(random_weights, kernel_backend="triton", cuda_graphs=True, profile_kernels=False,
+                      overlap_decode=True, **kw)
+    assert any(b >= 55 for b in sizes) and any(45 <= b <= 54 for b in sizes) and any(b < 45 for b in sizes), sizes
+    assert tri == ref
+    assert graphs == tri
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "medusa", "eagle"])

@@ -73,6 +73,14 @@ def make_pool(num_blocks, block_size, hkv, d, dtype, device, gen=None, head_majo
     return pool.transpose(1, 2) if head_major else pool
 
 
+def with_own_strides(pool: torch.Tensor, gen) -> torch.Tensor:
+    """The same values in a wider allocation: a view whose strides differ from `pool`'s in every
+    dimension but the last (the kernels' K and V pools need not share a layout)."""
+    wide = torch.randn(*pool.shape[:-1], pool.shape[-1] + 8, generator=gen).to(pool.dtype).to(pool.device)
+    wide[..., :pool.shape[-1]] = pool
+    return wide[..., :pool.shape[-1]]
+
+
 def make_paged(ctx_lens, q_lens, hq, hkv, d, block_size, dtype, device, gen, extra_blocks=3,
                pad_value=None, head_major=False):
     """A shuffled pool holding each sequence's context (token- or head-major, see make_pool), block
@@ -214,6 +222,30 @@ def _case_paged(gen):
                     "all_written": bool(torch.isfinite(o).all()) and counters_rearmed,
                     "rel_err": rel_err(o, ref), "tol": FP32_TOL})
     out += _case_paged_tree(gen)
+    out += _case_paged_v_strides(gen)
+    return out
+
+
+def _case_paged_v_strides(gen):
+    """K and V pools with different strides: the kernel then computes V's addresses on their own
+    (with equal strides it shares K's, see KV_SAME), for decode rows and for a chunk."""
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    out = []
+    for name, q_lens in (("decode", [1, 1, 1]), ("chunk", [1, 6, 3])):
+        ctx = [int(torch.randint(q + 1, 70, (1,), generator=gen)) for q in q_lens]
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, 16, torch.float32, "cpu", gen,
+                                                      head_major=True)
+        vw = with_own_strides(vc, gen)
+        assert vw.stride()[:3] != kc.stride()[:3]
+        o = torch.full_like(q, float("nan"))
+        pa.paged_attention_triton(q, kc, vw, tables, seq_lens, qsl, max(q_lens), max(ctx) + 5, 0.125, out=o)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, 16), seq_lens, qsl, max(q_lens), max(ctx) + 5,
+                                  0.125)
+        out.append({"name": f"paged {name}, V strides differ ctx={ctx} q_lens={q_lens}", "splits": 0,
+                    "expect_split": False, "all_written": bool(torch.isfinite(o).all()),
+                    "rel_err": rel_err(o, ref), "tol": FP32_TOL})
     return out
 
 
@@ -377,6 +409,16 @@ def test_decode_plan_measured_shape():
     assert (p["splits"], p["BLOCK_N"], pa.NUM_STAGES["decode"], pa.PAGE_LOADS["decode"]) == (2, 128, 3, "asm")
 
 
+@needs_triton
+def test_decode_plan_single_pass_for_short_contexts():
+    """Short decode contexts are not split once the unsplit programs cover the SMs (v14): up to 1k
+    from one program per SM (B = 44 on 132 SMs), up to 2k from 1.25 per SM (B = 55); not below."""
+    cases = {(64, 1024): 1, (64, 2048): 1, (64, 4096): 2, (48, 1024): 1, (48, 2048): 2, (56, 2048): 1,
+             (44, 1024): 1, (43, 1024): 3, (32, 1024): 4}
+    got = {case: _decode_plan_on_h200(*case)["splits"] for case in cases}
+    assert got == cases
+
+
 # --------------------------------------------------------------------------------------------
 # GPU tests
 # --------------------------------------------------------------------------------------------
@@ -456,7 +498,8 @@ def test_gpu_warp_slice_decode(shape):
 
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
                                   "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused",
-                                  "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages"])
+                                  "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages",
+                                  "decode_short", "decode_v_strides", "decode_empty_row"])
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 @on_gpu
 def test_gpu_paged(mode, layout):
@@ -466,9 +509,14 @@ def test_gpu_paged(mode, layout):
     dt = torch.float32 if mode == "decode_fp32" else torch.bfloat16
     seed, gen = _new_gen()
     bs = 16
-    if mode.startswith("decode"):
+    if mode == "decode_short":  # a bucket of 1k: the plan does not split (v14's single pass)
+        ctx = torch.randint(1, 1025, (64,), generator=gen).tolist()
+        q_lens = [1] * 64
+    elif mode.startswith("decode"):
         ctx = torch.randint(1, 4097, (64,), generator=gen).tolist()
         q_lens = [1] * 64
+        if mode == "decode_empty_row":  # one sequence without a row: not the kernel's DECODE variant
+            q_lens[17] = 0
     elif mode.startswith("chunk"):
         ctx = torch.randint(300, 3000, (6,), generator=gen).tolist()
         q_lens = [min(c, int(torch.randint(2, 700, (1,), generator=gen))) for c in ctx]
@@ -477,7 +525,9 @@ def test_gpu_paged(mode, layout):
         q_lens = [1] * 8 + [min(c, 257) for c in ctx[8:]]
     q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, dt, "cuda", gen,
                                                   head_major=layout == "head_major")
-    max_seq = max(ctx) + 100
+    if mode == "decode_v_strides":
+        vc = with_own_strides(vc, gen)
+    max_seq = 1024 if mode == "decode_short" else max(ctx) + 100
     per_sm = 1 if mode.endswith("unsplit") else None
     kern = "allheads" if "allheads" in mode else None
     fused = True if mode.endswith("fused") else None

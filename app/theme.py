@@ -16,7 +16,10 @@ from app.presentation import presentation_on
 
 TEMPLATE = "inferscope"
 PRESENT_TEMPLATE = "inferscope_present"
-FONT = "Inter, 'Source Sans Pro', 'Helvetica Neue', Arial, sans-serif"
+# "Source Sans" is the webfont Streamlit serves with every page, so charts are set in the UI's font on any
+# machine; without it a browser with no Arial-like font (Debian's chromium alone) falls back to the wider
+# DejaVu Sans and titles sized for the app run past their charts' edges.
+FONT = "'Source Sans', 'Source Sans Pro', Inter, 'Helvetica Neue', Arial, sans-serif"
 
 # Okabe-Ito-inspired, colour-blind safe, and distinct on a projector.
 REQUEST_COLORS: tuple[str, ...] = (

@@ -76,9 +76,8 @@ def _warp_slice_decode(
         # Page index = the tile's first page (scalar) + the key's page in the tile (loop-invariant),
         # clamped to the row because the pipeliner may run this read ahead of the loop's end.
         pidx = tl.minimum(start // PAGE + key_page, BT_WIDTH - 1)
-        if ASM_PAGES:  # not a load to the pipeliner, so K/V stay multi-buffered (kernels/paged_attention_triton.py)
-            page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [bt_row + pidx],
-                                             dtype=tl.int32, is_pure=True, pack=1)
+        if ASM_PAGES:  # not a load to the pipeliner, so K/V stay multi-buffered
+            page = pa.page_ids_unpipelined(bt_row + pidx)
         else:
             page = tl.load(bt_row + pidx)
         poff = (page * stride_kb)[:, :, None]  # int32: the launcher checks the pool fits

@@ -98,6 +98,14 @@ MAX_SPLITS = 128
 POISON_SCRATCH = False
 
 
+@triton.jit
+def page_ids_unpipelined(ptrs):
+    """Block-table entries read with inline PTX, which Triton's pipeliner does not see as a load, so
+    the K/V copies whose addresses depend on them keep their multi-buffering (see PAGE_LOADS)."""
+    return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
 @triton.jit(do_not_specialize=["PARTITION"])
 def _paged_attn_partial(
     Q, KC, VC, BT, SEQ_LENS, QSL,
@@ -214,9 +222,7 @@ def _paged_attn_partial(
             v_in = (offs_n % PAGE)[:, None] * stride_vs + offs_d[None, :]
     if NEXT_PAGES:
         tile_pages = offs_n // PAGE  # the tile starts on a page (HOIST)
-        next_page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
-                                              [bt_row + tl.minimum(lo // PAGE + tile_pages, BT_WIDTH - 1)],
-                                              dtype=tl.int32, is_pure=True, pack=1)
+        next_page = page_ids_unpipelined(bt_row + tl.minimum(lo // PAGE + tile_pages, BT_WIDTH - 1))
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         n_ok = n < hi
@@ -226,10 +232,8 @@ def _paged_attn_partial(
             # with the copy it feeds), but ptxas then places it earlier, behind the previous tile's
             # math, where its latency is hidden (see NEXT_PAGE_IDS_MIN_TILES).
             page = next_page.to(tl.int64)
-            next_page = tl.inline_asm_elementwise(
-                "ld.global.nc.b32 $0, [$1];", "=r,l",
-                [bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1)],
-                dtype=tl.int32, is_pure=True, pack=1)
+            next_page = page_ids_unpipelined(
+                bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1))
         elif ASM_PAGES:
             # Page ids through inline PTX, which Triton's pipeliner does not see as a load: K/V
             # addresses then depend on no pipelined load, so K and V get num_stages - 1 buffers each
@@ -238,9 +242,7 @@ def _paged_attn_partial(
             # clamp keeps the read inside the block-table row where the tile runs past the context;
             # it is the row's width, not `hi`, so the read need not wait for seq_lens. Ids read past
             # the context are never used: their K/V rows are masked off and not fetched.
-            page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l",
-                                             [bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1)], dtype=tl.int32,
-                                             is_pure=True, pack=1).to(tl.int64)
+            page = page_ids_unpipelined(bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1)).to(tl.int64)
         else:
             page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         if HOIST:
@@ -518,17 +520,16 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
     min_part = (32 if _INTERPRET else MIN_PARTITION) if min_partition is None else min_partition
     min_part = max(min_part, step)
     length = max(max_seq_len, 1)
-    if mode == "decode":
-        want = per_sm * _sm_count(device) // max(base, 1)
-    else:
-        want = triton.cdiv(per_sm * _sm_count(device), max(base, 1))
-    splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
-    if mode == "decode" and single_pass_len is None:
-        single_pass_len = 32 if _INTERPRET else SINGLE_PASS_LEN  # interpreter: short, so tests still split
     sms = _sm_count(device)
-    if mode == "decode" and (length <= single_pass_len and base >= sms
-                             or length <= 2 * single_pass_len and 4 * base >= 5 * sms):
-        splits = 1
+    if mode == "decode":
+        want = per_sm * sms // max(base, 1)
+        if single_pass_len is None:
+            single_pass_len = 32 if _INTERPRET else SINGLE_PASS_LEN  # interpreter: short, so tests still split
+        if length <= single_pass_len and base >= sms or length <= 2 * single_pass_len and 4 * base >= 5 * sms:
+            want = 1
+    else:
+        want = triton.cdiv(per_sm * sms, max(base, 1))
+    splits = max(1, min(want, triton.cdiv(length, min_part), MAX_SPLITS))
     partition = triton.cdiv(triton.cdiv(length, splits), step) * step
     splits = triton.cdiv(length, partition)  # drop splits that would own nothing
     return {"kernel": kernel, "mode": mode, "BLOCK_M": block_m, "BLOCK_N": block_n, "q_tiles": q_tiles,

@@ -212,6 +212,17 @@ def prefill_bench(gen, seq_lens_list, tokens) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------
+def decode_kv_bytes(B: int, L: int) -> int:
+    """Bytes of K and V that one decode call over B sequences of L tokens reads."""
+    return 2 * B * L * HKV * D * 2
+
+
+def rotating_sets(kv_bytes: int) -> int:
+    """How many input sets a graph-timed call rotates through, so that together they hold 4x the L2
+    and no call finds its K/V still cached from the previous one."""
+    return max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+
+
 def make_decode_set(B, L, gen, sequential: bool = False):
     """B sequences of L tokens in a pool of 16-token pages (the engine's CUDA layout, make_pool):
     shuffled pages (a long-running server's pool), or each sequence's pages in order with `sequential`."""
@@ -227,8 +238,8 @@ def decode_bench(gen, seq_lens_list, B, copy_tbps, sweep_at) -> tuple[list[dict]
     rows, sweep = [], []
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     for L in seq_lens_list:
-        kv_bytes = 2 * B * L * HKV * D * 2
-        n_sets = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+        kv_bytes = decode_kv_bytes(B, L)
+        n_sets = rotating_sets(kv_bytes)
         sets = [make_decode_set(B, L, gen) for _ in range(n_sets)]
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
         nbytes = kv_bytes + 2 * B * HQ * D * 2  # K+V read once, q read, out written

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,7 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import DT, HKV, HQ, L2_BYTES, SCALE, D, bench_graph, copy_bandwidth, make_decode_set  # noqa: E402
+from bench.kernels import (DT, HKV, HQ, SCALE, D, bench_graph, copy_bandwidth, decode_kv_bytes,  # noqa: E402
+                           make_decode_set, rotating_sets)
 
 B = 64
 
@@ -75,8 +75,8 @@ def main() -> None:
         a @ a
     del a
     copy = copy_bandwidth()["TBps"]
-    kv_bytes = 2 * B * length * HKV * D * 2
-    n_sets = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+    kv_bytes = decode_kv_bytes(B, length)
+    n_sets = rotating_sets(kv_bytes)
     nbytes = kv_bytes + 2 * B * HQ * D * 2
 
     def record(name: str, ms: float) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -27,8 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (D, DT, HKV, HQ, L2_BYTES, SCALE, bench_graph, copy_bandwidth,  # noqa: E402
-                           make_decode_set, rel)
+from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, copy_bandwidth, decode_kv_bytes,  # noqa: E402
+                           make_decode_set, rel, rotating_sets)
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
 
@@ -69,9 +68,9 @@ def main() -> None:
                                   args.page_loads.split(","), [bool(int(x)) for x in args.fused_reduce.split(",")]))
     results = []
     for L in [int(x) for x in args.lengths.split(",")]:
-        kv_bytes = 2 * B * L * HKV * D * 2
+        kv_bytes = decode_kv_bytes(B, L)
         nbytes = kv_bytes + 2 * B * HQ * D * 2
-        n_sets = max(1, math.ceil(4 * L2_BYTES / kv_bytes))
+        n_sets = rotating_sets(kv_bytes)
         sets = [make_decode_set(B, L, gen) for _ in range(n_sets)]
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
         s0 = sets[0]

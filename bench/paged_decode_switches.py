@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import D, HKV, HQ, L2_BYTES, SCALE, bench_graph, make_decode_set, rel  # noqa: E402
+from bench.kernels import (HKV, HQ, SCALE, bench_graph, decode_kv_bytes, make_decode_set, rel,  # noqa: E402
+                           rotating_sets)
 from bench.paged_decode_sweep import sdpa_ms  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
@@ -43,7 +43,7 @@ VARIANTS = {"default": {}, "v13": V13, "no_lean": dict(lean=False), "no_next": d
 
 def measure(batch: int, lo: int, hi: int, bucket: int, gen: torch.Generator) -> dict:
     uniform = lo == hi == bucket
-    n_sets = max(1, math.ceil(4 * L2_BYTES / (2 * batch * bucket * HKV * D * 2)))
+    n_sets = rotating_sets(decode_kv_bytes(batch, bucket))
     sets = [make_decode_set(batch, bucket, gen) for _ in range(n_sets)]
     lens = torch.randint(lo, hi + 1, (batch,), generator=gen, device="cuda").to(torch.int32)
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import D, DT, HKV, HQ, L2_BYTES, SCALE, bench_graph, make_decode_set, rel  # noqa: E402
+from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, decode_kv_bytes, make_decode_set, rel,  # noqa: E402
+                           rotating_sets)
 from bench.paged_decode_sweep import sdpa_ms  # noqa: E402
 from bench.warp_slice_decode import warp_slice_decode  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
@@ -44,7 +44,7 @@ VARIANTS = {
 
 
 def measure(batch: int, length: int, sequential: bool, gen: torch.Generator) -> dict:
-    n_sets = max(1, math.ceil(4 * L2_BYTES / (2 * batch * length * HKV * D * 2)))
+    n_sets = rotating_sets(decode_kv_bytes(batch, length))
     sets = [make_decode_set(batch, length, gen, sequential) for _ in range(n_sets)]
     sl = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (DT, HKV, HQ, SCALE, D, bench_graph, copy_bandwidth, decode_kv_bytes,  # noqa: E402
+from bench.kernels import (DT, HKV, HQ, SCALE, D, bench_graph, clocks_up, copy_bandwidth, decode_kv_bytes,  # noqa: E402
                            make_decode_set, rotating_sets)
 
 B = 64
@@ -70,10 +70,7 @@ def main() -> None:
             F.scaled_dot_product_attention(*c, scale=SCALE)
         torch.cuda.synchronize()
         return
-    a = torch.randn(8192, 8192, device="cuda", dtype=DT)
-    for _ in range(200):  # clocks up
-        a @ a
-    del a
+    clocks_up()
     copy = copy_bandwidth()["TBps"]
     kv_bytes = decode_kv_bytes(B, length)
     n_sets = rotating_sets(kv_bytes)

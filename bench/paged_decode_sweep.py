@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, copy_bandwidth, decode_kv_bytes,  # noqa: E402
+from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, clocks_up, copy_bandwidth, decode_kv_bytes,  # noqa: E402
                            make_decode_set, rel, rotating_sets)
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
@@ -57,9 +57,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/paged_decode_sweep_h200.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(8192, 8192, device="cuda", dtype=DT)
-    for _ in range(200):  # clocks up
-        a @ a
+    clocks_up()
     copy = copy_bandwidth()["TBps"]
     B = args.batch
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")

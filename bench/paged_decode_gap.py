@@ -1,6 +1,6 @@
-"""Where paged decode stands against SDPA on a contiguous cache: page size, and batches that fill the SMs evenly.
+"""Where paged decode stands against SDPA on a contiguous cache: page size, SM balance, fixed cost per call.
 
-Two questions about the last few per cent of `bench/kernels.py`'s B = 64 decode (bench/NOTES_kernels.md
+Three questions about the last few per cent of `bench/kernels.py`'s B = 64 decode (bench/NOTES_kernels.md
 "v15"), each timed with the launcher's defaults on `bench/kernels.py` inputs (head-major pools,
 rotating input sets bigger than L2, graph-replayed), SDPA on a contiguous cache in the same run:
 
@@ -10,6 +10,9 @@ rotating input sets bigger than L2, graph-replayed), SDPA on a contiguous cache 
 2. `balance`: is it how the programs fall on the SMs? At B = 64 the 192 (sequence, KV head) pairs
    are 1.45 per SM on 132 SMs; B = 44, 88 and 132 make 1, 2 and 3 per SM exactly. Each batch runs
    the default launch, one split (one program per pair, as SDPA's cuDNN kernel) and two splits.
+3. `fixed`: is it a fixed cost per call or a slower stream? B = 64 at 256 to 4,096 tokens, and a
+   least-squares line through each kernel's times: the intercept is what a call costs before its
+   bytes (launch, the first dependent reads, the tail), the slope the rate it streams at.
 
 Every output is checked against the torch reference. Prints tables and writes JSON.
 
@@ -106,12 +109,38 @@ def balance_part(lengths: list[int], batches: list[int], gen: torch.Generator) -
     return rows
 
 
+def fixed_part(lengths: list[int], gen: torch.Generator) -> dict:
+    rows = []
+    print("\n| L | MB | SDPA us | paged us | x SDPA |")
+    print("|---|---|---|---|---|")
+    for length in lengths:
+        n_sets = rotating_sets(decode_kv_bytes(64, length))
+        sets = [make_decode_set(64, length, gen) for _ in range(n_sets)]
+        row = {"L": length, "MB": decode_kv_bytes(64, length) / 1e6, "sdpa_us": 1e3 * sdpa_ms(64, length, n_sets, gen),
+               "paged_us": timed_us(64, length, sets)}
+        del sets
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"| {length} | {row['MB']:.1f} | {row['sdpa_us']:.2f} | {row['paged_us']:.2f} | "
+              f"{row['sdpa_us'] / row['paged_us']:.3f} |", flush=True)
+    mb = torch.tensor([r["MB"] for r in rows], dtype=torch.float64)
+    design = torch.stack([torch.ones_like(mb), mb], 1)
+    fits = {}
+    for key in ("sdpa_us", "paged_us"):
+        us = torch.tensor([r[key] for r in rows], dtype=torch.float64)
+        intercept, slope = torch.linalg.lstsq(design, us[:, None]).solution[:, 0].tolist()
+        fits[key[:-3]] = {"intercept_us": intercept, "us_per_MB": slope, "TBps": 1.0 / slope}
+        print(f"{key[:-3]}: {intercept:.2f} us + {slope:.4f} us/MB ({1.0 / slope:.2f} TB/s)")
+    return {"rows": rows, "fits": fits}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="pages,balance")
+    ap.add_argument("--parts", default="pages,balance,fixed")
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="pages part")
     ap.add_argument("--balance-lengths", default="2048,8192")
     ap.add_argument("--batches", default="44,64,88,132", help="balance part")
+    ap.add_argument("--fixed-lengths", default="256,512,768,1024,1536,2048,3072,4096")
     ap.add_argument("--out", default="bench/results/paged_decode_gap_h200.json")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -123,6 +152,8 @@ def main() -> None:
     if "balance" in parts:
         result["balance"] = balance_part([int(x) for x in args.balance_lengths.split(",")],
                                          [int(x) for x in args.batches.split(",")], gen)
+    if "fixed" in parts:
+        result["fixed"] = fixed_part([int(x) for x in args.fixed_lengths.split(",")], gen)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\nwrote {args.out}")

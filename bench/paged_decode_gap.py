@@ -35,6 +35,7 @@ from bench.kernels import (HKV, HQ, SCALE, bench_graph, clocks_up, copy_bandwidt
 from bench.paged_decode_sweep import sdpa_ms  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
+B = 64  # the batch bench/kernels.py compares at (the balance part takes its own)
 # (name, page size, pages in order)
 LAYOUTS = [("16 shuffled", 16, False), ("16 in order", 16, True), ("32 shuffled", 32, False),
            ("64 shuffled", 64, False), ("128 shuffled", 128, False)]
@@ -42,13 +43,13 @@ LAYOUTS = [("16 shuffled", 16, False), ("16 in order", 16, True), ("32 shuffled"
 ONE_SPLIT = dict(programs_per_sm=1, single_pass_len=1 << 30)
 
 
-def two_splits(batch: int, sms: int) -> dict:
-    """The launcher's knobs that give exactly two splits at this batch (programs per SM is a floor)."""
-    base = batch * HKV
+def two_splits(batch: int, length: int) -> dict:
+    """The launcher's knobs that give exactly two splits at this batch and length, as its own plan says."""
     for per_sm in range(1, 64):
-        if per_sm * sms // base == 2:
-            return dict(programs_per_sm=per_sm, single_pass_len=0)
-    raise ValueError(f"no programs-per-SM value gives two splits at B = {batch}")
+        kw = dict(programs_per_sm=per_sm, single_pass_len=0)
+        if pa.plan(batch, HQ, HKV, 1, length, torch.device("cuda", 0), **kw)["splits"] == 2:
+            return kw
+    raise ValueError(f"no programs-per-SM value gives two splits at B = {batch}, L = {length}")
 
 
 def timed_us(batch: int, length: int, sets: list[dict], **kw) -> float:
@@ -70,11 +71,11 @@ def pages_part(lengths: list[int], gen: torch.Generator) -> list[dict]:
     print("\n| L | SDPA us | " + " | ".join(f"{name} pages" for name, _, _ in LAYOUTS) + " |")
     print("|---" * (2 + len(LAYOUTS)) + "|")
     for length in lengths:
-        n_sets = rotating_sets(decode_kv_bytes(64, length))
-        row = {"L": length, "sdpa_us": 1e3 * sdpa_ms(64, length, n_sets, gen), "us": {}}
+        n_sets = rotating_sets(decode_kv_bytes(B, length))
+        row = {"L": length, "sdpa_us": 1e3 * sdpa_ms(B, length, n_sets, gen), "us": {}}
         for name, page, in_order in LAYOUTS:
-            sets = [make_decode_set(64, length, gen, in_order, page) for _ in range(n_sets)]
-            row["us"][name] = timed_us(64, length, sets)
+            sets = [make_decode_set(B, length, gen, in_order, page) for _ in range(n_sets)]
+            row["us"][name] = timed_us(B, length, sets)
             del sets
             torch.cuda.empty_cache()
         rows.append(row)
@@ -92,7 +93,7 @@ def balance_part(lengths: list[int], batches: list[int], gen: torch.Generator) -
         for batch in batches:
             n_sets = rotating_sets(decode_kv_bytes(batch, length))
             sets = [make_decode_set(batch, length, gen) for _ in range(n_sets)]
-            variants = {"default": {}, "one split": ONE_SPLIT, "two splits": two_splits(batch, sms)}
+            variants = {"default": {}, "one split": ONE_SPLIT, "two splits": two_splits(batch, length)}
             row = {"L": length, "B": batch, "pairs_per_sm": batch * HKV / sms,
                    "sdpa_us": 1e3 * sdpa_ms(batch, length, n_sets, gen), "us": {}, "splits": {}}
             for name, kw in variants.items():
@@ -114,10 +115,11 @@ def fixed_part(lengths: list[int], gen: torch.Generator) -> dict:
     print("\n| L | MB | SDPA us | paged us | x SDPA |")
     print("|---|---|---|---|---|")
     for length in lengths:
-        n_sets = rotating_sets(decode_kv_bytes(64, length))
-        sets = [make_decode_set(64, length, gen) for _ in range(n_sets)]
-        row = {"L": length, "MB": decode_kv_bytes(64, length) / 1e6, "sdpa_us": 1e3 * sdpa_ms(64, length, n_sets, gen),
-               "paged_us": timed_us(64, length, sets)}
+        kv_bytes = decode_kv_bytes(B, length)
+        n_sets = rotating_sets(kv_bytes)
+        sets = [make_decode_set(B, length, gen) for _ in range(n_sets)]
+        row = {"L": length, "MB": kv_bytes / 1e6, "sdpa_us": 1e3 * sdpa_ms(B, length, n_sets, gen),
+               "paged_us": timed_us(B, length, sets)}
         del sets
         torch.cuda.empty_cache()
         rows.append(row)

@@ -91,6 +91,12 @@ NEXT_PAGE_IDS_MIN_TILES = 8
 # reduce then costs more than the splits gain (B = 64: 1k 21.0 -> 18.8 us, 2k 33.8 -> 33.3; B = 48 at
 # 1k 17.7 -> 16.8; B = 48 at 2k would lose 4 %, B = 56 at 2k is even within 2 %; v14).
 SINGLE_PASS_LEN = 1024
+# Decode programs that read their page ids one tile ahead compute K/V addresses as int32 offsets (page x
+# block stride + in-page offset) when the pools fit (`_fits_int32`), not as 64-bit products: 465 -> 397
+# SASS instructions a tile in the single pass, which is bound by instruction issue (Nsight Compute: the
+# same cycles per instruction as cuDNN's kernel, more instructions). B = 64: 1k 18.8-19.2 -> 18.2-18.3 us,
+# 2k 33.0-33.2 -> 32.1-32.5; two-split launches (4k and up) unchanged (v16).
+OFF32 = True
 MIN_PARTITION = 256
 MAX_SPLITS = 128
 # Tests set this to fill the split partials with NaN, so a partial the reduce reads but nobody wrote
@@ -136,6 +142,7 @@ def _paged_attn_partial(
     DECODE: tl.constexpr = False,  # one query row per sequence (see DECODE_LEAN)
     NEXT_PAGES: tl.constexpr = False,  # each tile reads the next tile's page ids (see NEXT_PAGE_IDS_MIN_TILES)
     KV_SAME: tl.constexpr = False,  # the K and V pools have the same strides: one address product for both
+    OFF32: tl.constexpr = False,  # page offsets in int32 (the launcher checks the pools fit)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -231,7 +238,7 @@ def _paged_attn_partial(
             # still issues each read in the iteration that copies its tile (it moves the read along
             # with the copy it feeds), but ptxas then places it earlier, behind the previous tile's
             # math, where its latency is hidden (see NEXT_PAGE_IDS_MIN_TILES).
-            page = next_page.to(tl.int64)
+            page = next_page if OFF32 else next_page.to(tl.int64)
             next_page = page_ids_unpipelined(
                 bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1))
         elif ASM_PAGES:
@@ -245,7 +252,12 @@ def _paged_attn_partial(
             page = page_ids_unpipelined(bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1)).to(tl.int64)
         else:
             page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        if HOIST:
+        if HOIST and OFF32:
+            k_off = page[:, None] * stride_kb + k_in
+            v_off = k_off if KV_SAME else page[:, None] * stride_vb + v_in
+            k = tl.load(k_head + k_off, mask=n_ok[:, None], other=0.0)
+            v = tl.load(v_head + v_off, mask=n_ok[:, None], other=0.0)
+        elif HOIST:
             k_page = page[:, None] * stride_kb
             v_page = k_page if KV_SAME else page[:, None] * stride_vb
             k = tl.load(k_head + k_page + k_in, mask=n_ok[:, None], other=0.0)
@@ -561,6 +573,7 @@ def paged_attention_triton(
     tree_masks: tuple[torch.Tensor | None, ...] = (),
     out: torch.Tensor | None = None,
     pdl: bool = False,
+    off32: bool | None = None,
 ) -> torch.Tensor:
     """Keyword-only knobs are for tests and the bench (kernel choice, tile/launch tuning, a
     preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger).
@@ -638,10 +651,17 @@ def paged_attention_triton(
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
             PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm", DECODE=decode, NEXT_PAGES=ahead,
             KV_SAME=k_cache.stride() == v_cache.stride(),
+            OFF32=(OFF32 if off32 is None else off32) and ahead and _fits_int32(k_cache) and _fits_int32(v_cache),
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)
     return out
+
+
+def _fits_int32(pool: torch.Tensor) -> bool:
+    """Every element offset of the pool (as the kernel computes it: page x block stride + in-page
+    offset) fits in int32."""
+    return sum((n - 1) * st for n, st in zip(pool.shape, pool.stride())) < 2 ** 31
 
 
 def split_partials(rows: int, hq: int, splits: int, d: int,

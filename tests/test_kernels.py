@@ -400,6 +400,21 @@ def test_decode_plan_few_long_programs(batch, length):
 
 
 @needs_triton
+@pytest.mark.parametrize("head_major", [True, False])
+def test_int32_offsets_only_for_pools_that_fit(head_major):
+    """The decode kernel's int32 page offsets (OFF32) are used only when the pool's last element
+    offset fits: 699,050 blocks of 16 x 3 x 64 end at 2^31 - 1, one block more does not fit."""
+    import kernels.paged_attention_triton as pa
+
+    def pool(blocks: int) -> torch.Tensor:
+        if head_major:
+            return torch.empty(blocks, 3, 16, 64, device="meta").transpose(1, 2)
+        return torch.empty(blocks, 16, 3, 64, device="meta")
+
+    assert pa._fits_int32(pool(699_050))
+    assert not pa._fits_int32(pool(699_051))
+
+
 def test_decode_plan_measured_shape():
     """B = 64 at 8k gets the shape measured best on the H200 with the engine's head-major pool
     (bench/NOTES_kernels.md "v10", "v11")."""
@@ -499,7 +514,7 @@ def test_gpu_warp_slice_decode(shape):
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
                                   "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused",
                                   "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages",
-                                  "decode_short", "decode_v_strides", "decode_empty_row"])
+                                  "decode_short", "decode_v_strides", "decode_empty_row", "decode_int64_offsets"])
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 @on_gpu
 def test_gpu_paged(mode, layout):
@@ -533,12 +548,14 @@ def test_gpu_paged(mode, layout):
     fused = True if mode.endswith("fused") else None
     # How the kernel loads page ids (kernels/paged_attention_triton.py PAGE_LOADS); None: its default.
     page_loads = {"decode_loop_pages": "loop", "decode_asm_pages": "asm", "chunk_asm_pages": "asm"}.get(mode)
+    # int64 page offsets, as for a pool too large for int32 ones (OFF32); None: the launcher decides.
+    off32 = False if mode == "decode_int64_offsets" else None
     pa.POISON_SCRATCH = True
     try:
         o = torch.full_like(q, float("nan"))
         pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
                                   programs_per_sm=per_sm, min_partition=10**9 if per_sm else None,
-                                  decode_kernel=kern, fused_reduce=fused, page_loads=page_loads, out=o)
+                                  decode_kernel=kern, fused_reduce=fused, page_loads=page_loads, off32=off32, out=o)
         if fused:  # run twice: the second launch relies on the counters being re-armed by the first
             o.fill_(float("nan"))
             pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,

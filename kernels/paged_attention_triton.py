@@ -238,7 +238,7 @@ def _paged_attn_partial(
             # still issues each read in the iteration that copies its tile (it moves the read along
             # with the copy it feeds), but ptxas then places it earlier, behind the previous tile's
             # math, where its latency is hidden (see NEXT_PAGE_IDS_MIN_TILES).
-            page = next_page if OFF32 else next_page.to(tl.int64)
+            page = next_page
             next_page = page_ids_unpipelined(
                 bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1))
         elif ASM_PAGES:
@@ -249,9 +249,11 @@ def _paged_attn_partial(
             # clamp keeps the read inside the block-table row where the tile runs past the context;
             # it is the row's width, not `hi`, so the read need not wait for seq_lens. Ids read past
             # the context are never used: their K/V rows are masked off and not fetched.
-            page = page_ids_unpipelined(bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1)).to(tl.int64)
+            page = page_ids_unpipelined(bt_row + tl.minimum(n // PAGE, BT_WIDTH - 1))
         else:
-            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0)
+        if not OFF32:
+            page = page.to(tl.int64)
         if HOIST and OFF32:
             k_off = page[:, None] * stride_kb + k_in
             v_off = k_off if KV_SAME else page[:, None] * stride_vb + v_in
@@ -644,6 +646,9 @@ def paged_attention_triton(
         if next_pages is None:
             next_pages = cfg["partition"] >= NEXT_PAGE_IDS_MIN_TILES * cfg["BLOCK_N"]
         ahead = decode and loads == "asm" and hoist and next_pages
+        # int32 offsets by default where measured (decode reading page ids ahead); tests force them
+        # elsewhere (the interpreter runs no inline PTX, so never `ahead`).
+        off32 = (OFF32 and ahead if off32 is None else off32) and hoist and _fits_int32(k_cache) and _fits_int32(v_cache)
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
             *common, block_tables.shape[1], cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
@@ -651,7 +656,7 @@ def paged_attention_triton(
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
             PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm", DECODE=decode, NEXT_PAGES=ahead,
             KV_SAME=k_cache.stride() == v_cache.stride(),
-            OFF32=(OFF32 if off32 is None else off32) and ahead and _fits_int32(k_cache) and _fits_int32(v_cache),
+            OFF32=off32,
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)

@@ -223,6 +223,35 @@ def _case_paged(gen):
                     "rel_err": rel_err(o, ref), "tol": FP32_TOL})
     out += _case_paged_tree(gen)
     out += _case_paged_v_strides(gen)
+    out += _case_paged_int32_offsets(gen)
+    return out
+
+
+def _case_paged_int32_offsets(gen):
+    """Decode and prefill chunks with int32 page offsets (OFF32; on by default only where page ids
+    are read ahead, which the interpreter cannot run, so forced here): contexts of whole tiles, a
+    partial last tile, less than one tile, and splits that own no keys at all."""
+    import kernels.paged_attention_triton as pa
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    out = []
+    bs = 16
+    for name, per_sm, fused, chunk in (("decode split", 8, False, False), ("decode split fused", 8, True, False),
+                                       ("decode unsplit", 1, False, False), ("chunk split", 8, False, True)):
+        ctx = [16, 32, int(torch.randint(33, 80, (1,), generator=gen)), int(torch.randint(1, 16, (1,), generator=gen)),
+               int(torch.randint(1, 80, (1,), generator=gen))]
+        q_lens = [int(torch.randint(1, c + 1, (1,), generator=gen)) for c in ctx] if chunk else [1] * len(ctx)
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, q_lens, 9, 3, 64, bs, torch.float32, "cpu", gen,
+                                                      head_major=True)
+        max_seq = 96  # the bucket: its partition gives the short contexts splits past their end
+        o = torch.full_like(q, float("nan"))
+        pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
+                                  programs_per_sm=per_sm, fused_reduce=fused, off32=True, out=o)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, 0.125)
+        plan = pa.plan(len(ctx), 9, 3, max(q_lens), max_seq, q.device, programs_per_sm=per_sm)
+        out.append({"name": f"paged int32 offsets, {name} ctx={ctx} q_lens={q_lens} splits={plan['splits']}",
+                    "splits": plan["splits"], "expect_split": per_sm > 1,
+                    "all_written": bool(torch.isfinite(o).all()), "rel_err": rel_err(o, ref), "tol": FP32_TOL})
     return out
 
 

@@ -57,8 +57,8 @@ REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
          ("device copy (read + write)", "≈ 4.26 TB/s"),
          ("torch SDPA, causal prefill, 9 heads, D = 64", "214–412 TFLOP/s (L = 512 … 8192)"),
          ("torch SDPA, decode over the KV cache", "2.7–3.9 TB/s"),
-         ("our Triton FA2 prefill (bench/kernels.py)", "0.93–0.99 × SDPA (L = 1024 … 8192)"),
-         ("our Triton paged decode, B = 64 (bench/kernels.py)", "2.5–4.3 TB/s, 0.87–0.99 × SDPA (L = 1k … 32k)")),
+         ("our Triton FA2 prefill (bench/kernels.py)", "0.93–0.98 × SDPA (L = 1024 … 8192)"),
+         ("our Triton paged decode, B = 64 (bench/kernels.py)", "2.8–4.3 TB/s, 0.96–1.00 × SDPA (L = 1k … 32k)")),
     ),
 }
 

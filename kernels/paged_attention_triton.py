@@ -93,9 +93,10 @@ NEXT_PAGE_IDS_MIN_TILES = 8
 SINGLE_PASS_LEN = 1024
 # Decode programs that read their page ids one tile ahead compute K/V addresses as int32 offsets (page x
 # block stride + in-page offset) when the pools fit (`_fits_int32`), not as 64-bit products: 465 -> 397
-# SASS instructions a tile in the single pass, which is bound by instruction issue (Nsight Compute: the
-# same cycles per instruction as cuDNN's kernel, more instructions). B = 64: 1k 18.8-19.2 -> 18.2-18.3 us,
-# 2k 33.0-33.2 -> 32.1-32.5; two-split launches (4k and up) unchanged (v16).
+# SASS instructions a tile, and 2 dependent ones instead of 7 between a page id's arrival and its copies.
+# The single pass gains (Nsight Compute: the same cycles per instruction as cuDNN's kernel, more
+# instructions): B = 64 1k 18.8-19.2 -> 18.2-18.3 us, 2k 33.0-33.2 -> 32.1-32.5; two-split launches
+# (4k and up) unchanged. Cutting the loop's masks as well (329 a tile) bought nothing (v16).
 OFF32 = True
 MIN_PARTITION = 256
 MAX_SPLITS = 128

@@ -256,6 +256,9 @@ def _paged_attn_partial(
         if not OFF32:
             page = page.to(tl.int64)
         if HOIST and OFF32:
+            # Summed before the pointer add. The int64 form below keeps its own grouping: written this
+            # way it compiles to more instructions (sm_90: 1080 -> 1112 for B = 1 decode, 1224 -> 1320
+            # for two splits), so the two branches are not merged.
             k_off = page[:, None] * stride_kb + k_in
             v_off = k_off if KV_SAME else page[:, None] * stride_vb + v_in
             k = tl.load(k_head + k_off, mask=n_ok[:, None], other=0.0)

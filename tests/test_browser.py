@@ -203,6 +203,31 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     shoot(page, "04_continuous_batching_compared")
 
 
+def test_flashattention_page(server, page) -> None:  # noqa: ANN001
+    """No engine steps here: the page replays FA2 on one layer's real Q, K, V for the prompt in its form.
+    All four charts (tile grid, one row's online softmax, the N x N matrix, the timing comparison) draw,
+    and a new prompt submitted through the form redraws them."""
+    open_page(page, server, "flashattention")
+    page.get_by_text("Same inputs, several implementations", exact=False).first.wait_for()
+    assert_clean(page)
+    assert plotly_count(page) >= 4
+    assert_metrics_fit(page)
+    shoot(page, "05_flashattention")
+    pairs = page.locator('[data-testid="stMetric"]:has-text("Tile pairs") [data-testid="stMetricValue"]').first
+    before = int(pairs.inner_text())
+    prompt = page.locator('[data-testid="stTextArea"] textarea').first
+    prompt.fill("Why is the sky blue?")
+    click_button(page, "Use this prompt")
+    page.wait_for_function(
+        "(n) => { const v = document.querySelector('[data-testid=stMetric] [data-testid=stMetricValue]');"
+        " return v && parseInt(v.innerText) !== n; }", arg=before)
+    wait_idle(page)
+    assert int(pairs.inner_text()) < before  # a shorter prompt: fewer tile pairs
+    assert_clean(page)
+    assert plotly_count(page) >= 4
+    shoot(page, "05_flashattention_short_prompt")
+
+
 def test_text_fits_a_projector(server, page) -> None:  # noqa: ANN001
     """At 1280 pixels the explanation panel's column is ~335 pixels wide: display-mode formulas of up to
     650 pixels were cut off there (the inline ones wrap), and so were eleven chart titles, axis titles and

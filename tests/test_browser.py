@@ -218,9 +218,7 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     prompt = page.locator('[data-testid="stTextArea"] textarea').first
     prompt.fill("Why is the sky blue?")
     click_button(page, "Use this prompt")
-    page.wait_for_function(
-        "(n) => { const v = document.querySelector('[data-testid=stMetric] [data-testid=stMetricValue]');"
-        " return v && parseInt(v.innerText) !== n; }", arg=before)
+    playwright_sync.expect(pairs).not_to_have_text(str(before), timeout=SCRIPT_TIMEOUT_MS)
     wait_idle(page)
     assert int(pairs.inner_text()) < before  # a shorter prompt: fewer tile pairs
     assert_clean(page)

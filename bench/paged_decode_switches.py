@@ -2,7 +2,8 @@
 
 The switches (kernels/paged_attention_triton.py, bench/NOTES_kernels.md "v14"): the partial kernel's
 DECODE variant (`lean`), page ids read one tile ahead (`next_pages`), no split for short contexts
-(`single_pass_len`), the split merge inside the partial kernel for two splits (`fused_reduce`).
+(`single_pass_len`), the split merge inside the partial kernel for two splits (`fused_reduce`), and
+(v18) splits that take every S-th tile instead of a contiguous range (`interleave`).
 Each case times the launcher's defaults, the v13 settings (all four off) and each switch off alone,
 on the same inputs (`bench/kernels.py` pools: shuffled 16-token head-major pages, rotating input
 sets bigger than L2, graph-replayed). Uniform cases also time SDPA on a contiguous cache; ragged
@@ -36,9 +37,10 @@ UNIFORM = [(64, n, n, n) for n in (1024, 2048, 4096, 8192, 16384)] + [
     (1, 8192, 8192, 8192)]
 RAGGED = [(256, 16, 400, 2048), (128, 16, 400, 2048), (64, 16, 400, 2048), (32, 16, 400, 2048),
           (8, 16, 400, 2048), (1, 16, 400, 2048), (64, 1500, 2048, 2048), (256, 800, 2000, 2048)]
-V13 = dict(lean=False, next_pages=False, single_pass_len=0, fused_reduce=False)
+V13 = dict(lean=False, next_pages=False, single_pass_len=0, fused_reduce=False, interleave=False)
 VARIANTS = {"default": {}, "v13": V13, "no_lean": dict(lean=False), "no_next": dict(next_pages=False),
-            "no_single_pass": dict(single_pass_len=0), "no_fused": dict(fused_reduce=False)}
+            "no_single_pass": dict(single_pass_len=0), "no_fused": dict(fused_reduce=False),
+            "no_interleave": dict(interleave=False)}
 
 
 def measure(batch: int, lo: int, hi: int, bucket: int, gen: torch.Generator) -> dict:
@@ -68,7 +70,9 @@ def measure(batch: int, lo: int, hi: int, bucket: int, gen: torch.Generator) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/paged_decode_switches_h200.json")
+    ap.add_argument("--batches", default="", help="only cases of these batch sizes (comma-separated; all by default)")
     args = ap.parse_args()
+    only = {int(b) for b in args.batches.split(",") if b}
     gen = torch.Generator(device="cuda").manual_seed(0)
     clocks_up()  # as the other decode benches do, so the first case is not timed at idle clocks
     names = list(VARIANTS) + ["sdpa"]
@@ -76,6 +80,8 @@ def main() -> None:
           + "   default/sdpa")
     rows = []
     for case in UNIFORM + RAGGED:
+        if only and case[0] not in only:
+            continue
         row = measure(*case, gen)
         rows.append(row)
         us = row["us"]

@@ -98,6 +98,11 @@ SINGLE_PASS_LEN = 1024
 # instructions): B = 64 1k 18.8-19.2 -> 18.2-18.3 us, 2k 33.0-33.2 -> 32.1-32.5; two-split launches
 # (4k and up) unchanged. Cutting the loop's masks as well (329 a tile) bought nothing (v16).
 OFF32 = True
+# Decode splits take every NUM_SPLITS-th tile of the context (split s: tiles s, s + S, ...) instead of one
+# contiguous range each. A split's first tile is then known from its program id alone, so its first page-id
+# read and K/V copies need not wait for seq_lens (a contiguous range starts at a multiple of ctx / S). Pages
+# are scattered in the pool anyway, so no split loses a contiguous stream by it.
+INTERLEAVE_DECODE_SPLITS = True
 MIN_PARTITION = 256
 MAX_SPLITS = 128
 # Tests set this to fill the split partials with NaN, so a partial the reduce reads but nobody wrote
@@ -144,6 +149,7 @@ def _paged_attn_partial(
     NEXT_PAGES: tl.constexpr = False,  # each tile reads the next tile's page ids (see NEXT_PAGE_IDS_MIN_TILES)
     KV_SAME: tl.constexpr = False,  # the K and V pools have the same strides: one address product for both
     OFF32: tl.constexpr = False,  # page offsets in int32 (the launcher checks the pools fit)
+    INTERLEAVE: tl.constexpr = False,  # decode splits take every NUM_SPLITS-th tile (see INTERLEAVE_DECODE_SPLITS)
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -189,7 +195,10 @@ def _paged_attn_partial(
     else:
         last_j = tl.minimum(j0 + Q_PER_TILE, q_len) - 1
         kv_end = ctx - q_len + last_j + 1
-    if NUM_SPLITS > 1:
+    if INTERLEAVE:
+        # Split s reads tiles s, s + NUM_SPLITS, ... up to kv_end: lo needs no load (see INTERLEAVE_DECODE_SPLITS).
+        part = BLOCK_N
+    elif NUM_SPLITS > 1:
         # The keys this tile sees, divided among the splits in whole tiles: per sequence, not the
         # launch's PARTITION, which is sized for the graph's max_seq_len bucket. A decode graph is
         # captured for max_model_len, so with PARTITION a short context fills only its first split
@@ -200,8 +209,12 @@ def _paged_attn_partial(
         part = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     else:
         part = PARTITION
+    STEP: tl.constexpr = BLOCK_N * NUM_SPLITS if INTERLEAVE else BLOCK_N
     lo = split * part
-    hi = tl.minimum(lo + part, kv_end)
+    if INTERLEAVE:
+        hi = kv_end
+    else:
+        hi = tl.minimum(lo + part, kv_end)
     if not DECODE:
         hi = tl.where(j0 < q_len, hi, lo)  # a tile past this sequence's rows reads nothing
 
@@ -231,7 +244,7 @@ def _paged_attn_partial(
     if NEXT_PAGES:
         tile_pages = offs_n // PAGE  # the tile starts on a page (HOIST)
         next_page = page_ids_unpipelined(bt_row + tl.minimum(lo // PAGE + tile_pages, BT_WIDTH - 1))
-    for start in range(lo, hi, BLOCK_N):
+    for start in range(lo, hi, STEP):
         n = start + offs_n
         n_ok = n < hi
         if NEXT_PAGES:
@@ -241,7 +254,7 @@ def _paged_attn_partial(
             # math, where its latency is hidden (see NEXT_PAGE_IDS_MIN_TILES).
             page = next_page
             next_page = page_ids_unpipelined(
-                bt_row + tl.minimum((start + BLOCK_N) // PAGE + tile_pages, BT_WIDTH - 1))
+                bt_row + tl.minimum((start + STEP) // PAGE + tile_pages, BT_WIDTH - 1))
         elif ASM_PAGES:
             # Page ids through inline PTX, which Triton's pipeliner does not see as a load: K/V
             # addresses then depend on no pipelined load, so K and V get num_stages - 1 buffers each
@@ -580,6 +593,7 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     pdl: bool = False,
     off32: bool | None = None,
+    interleave: bool | None = None,
 ) -> torch.Tensor:
     """Keyword-only knobs are for tests and the bench (kernel choice, tile/launch tuning, a
     preallocated `out`). max_seq_len must be >= every seq_lens[b] (a graph bucket may be larger).
@@ -653,6 +667,7 @@ def paged_attention_triton(
         # int32 offsets by default where measured (decode reading page ids ahead); tests force them
         # elsewhere (the interpreter runs no inline PTX, so never `ahead`).
         off32 = (OFF32 and ahead if off32 is None else off32) and hoist and _fits_int32(k_cache) and _fits_int32(v_cache)
+        interleave = decode and splits > 1 and (INTERLEAVE_DECODE_SPLITS if interleave is None else interleave)
         _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
             *common, block_tables.shape[1], cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
@@ -660,7 +675,7 @@ def paged_attention_triton(
             FUSED_REDUCE=fused, SPLITS_PAD=triton.next_power_of_2(splits) if fused else 1, TREE=tree,
             PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm", DECODE=decode, NEXT_PAGES=ahead,
             KV_SAME=k_cache.stride() == v_cache.stride(),
-            OFF32=off32,
+            OFF32=off32, INTERLEAVE=interleave,
             num_warps=num_warps, num_stages=num_stages, **launch)
     if splits > 1 and not fused:
         reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)

@@ -230,14 +230,17 @@ def _case_paged(gen):
 def _case_paged_int32_offsets(gen):
     """Decode and prefill chunks with int32 page offsets (OFF32; on by default only where page ids
     are read ahead, which the interpreter cannot run, so forced here): contexts of whole tiles, a
-    partial last tile, less than one tile, and splits that own no keys at all."""
+    partial last tile, less than one tile, and splits that own no keys at all; decode splits both
+    interleaved (the default, INTERLEAVE_DECODE_SPLITS) and as contiguous ranges."""
     import kernels.paged_attention_triton as pa
     from kernels.paged_attention_ref import paged_attention_ref
 
     out = []
     bs = 16
-    for name, per_sm, fused, chunk in (("decode split", 8, False, False), ("decode split fused", 8, True, False),
-                                       ("decode unsplit", 1, False, False), ("chunk split", 8, False, True)):
+    for name, per_sm, fused, chunk, interleave in (
+            ("decode split", 8, False, False, None), ("decode split fused", 8, True, False, None),
+            ("decode contiguous splits", 8, False, False, False), ("decode contiguous splits fused", 8, True, False, False),
+            ("decode unsplit", 1, False, False, None), ("chunk split", 8, False, True, None)):
         ctx = [16, 32, int(torch.randint(33, 80, (1,), generator=gen)), int(torch.randint(1, 16, (1,), generator=gen)),
                int(torch.randint(1, 80, (1,), generator=gen))]
         q_lens = [int(torch.randint(1, c + 1, (1,), generator=gen)) for c in ctx] if chunk else [1] * len(ctx)
@@ -246,7 +249,7 @@ def _case_paged_int32_offsets(gen):
         max_seq = 96  # the bucket: its partition gives the short contexts splits past their end
         o = torch.full_like(q, float("nan"))
         pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
-                                  programs_per_sm=per_sm, fused_reduce=fused, off32=True, out=o)
+                                  programs_per_sm=per_sm, fused_reduce=fused, off32=True, interleave=interleave, out=o)
         ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, max(q_lens), max_seq, 0.125)
         plan = pa.plan(len(ctx), 9, 3, max(q_lens), max_seq, q.device, programs_per_sm=per_sm)
         out.append({"name": f"paged int32 offsets, {name} ctx={ctx} q_lens={q_lens} splits={plan['splits']}",
@@ -543,7 +546,8 @@ def test_gpu_warp_slice_decode(shape):
 @pytest.mark.parametrize("mode", ["decode", "decode_unsplit", "decode_allheads", "decode_allheads_unsplit", "chunk",
                                   "mixed", "decode_fp32", "decode_fused", "chunk_fused", "mixed_fused",
                                   "decode_loop_pages", "decode_asm_pages", "chunk_asm_pages",
-                                  "decode_short", "decode_v_strides", "decode_empty_row", "decode_int64_offsets"])
+                                  "decode_short", "decode_v_strides", "decode_empty_row", "decode_int64_offsets",
+                                  "decode_contiguous_splits", "decode_contiguous_splits_fused"])
 @pytest.mark.parametrize("layout", ["head_major", "token_major"])
 @on_gpu
 def test_gpu_paged(mode, layout):
@@ -579,16 +583,19 @@ def test_gpu_paged(mode, layout):
     page_loads = {"decode_loop_pages": "loop", "decode_asm_pages": "asm", "chunk_asm_pages": "asm"}.get(mode)
     # int64 page offsets, as for a pool too large for int32 ones (OFF32); None: the launcher decides.
     off32 = False if mode == "decode_int64_offsets" else None
+    # Each split one contiguous range of the context, not every S-th tile (INTERLEAVE_DECODE_SPLITS).
+    interleave = False if "contiguous_splits" in mode else None
     pa.POISON_SCRATCH = True
     try:
         o = torch.full_like(q, float("nan"))
         pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
                                   programs_per_sm=per_sm, min_partition=10**9 if per_sm else None,
-                                  decode_kernel=kern, fused_reduce=fused, page_loads=page_loads, off32=off32, out=o)
+                                  decode_kernel=kern, fused_reduce=fused, page_loads=page_loads, off32=off32,
+                                  interleave=interleave, out=o)
         if fused:  # run twice: the second launch relies on the counters being re-armed by the first
             o.fill_(float("nan"))
             pa.paged_attention_triton(q, kc, vc, tables, seq_lens, qsl, max(q_lens), max_seq, 0.125,
-                                      fused_reduce=True, out=o)
+                                      fused_reduce=True, interleave=interleave, out=o)
             assert all(int(c.abs().sum()) == 0 for bufs in pa._COUNTERS.values() for c in bufs)
     finally:
         pa.POISON_SCRATCH = False

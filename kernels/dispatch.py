@@ -28,6 +28,12 @@ from kernels.timing import KernelTimer
 # path) are unaffected. Read by Triton when it compiles a kernel.
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
+
+def fp32_dot_precision() -> str:
+    """How Triton compiles fp32 dots in this process ("ieee" unless the environment chose otherwise),
+    for pages that say what an fp32 kernel row computed."""
+    return os.environ.get("TRITON_F32_DEFAULT", "tf32")
+
 # family -> (module, function) of the Triton implementation, imported lazily so the CPU path never
 # needs a working Triton install.
 _TRITON_IMPLS: dict[str, tuple[str, str]] = {

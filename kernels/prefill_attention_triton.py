@@ -17,8 +17,9 @@ Structure (as in Triton's fused-attention tutorial):
   the q-tile axis slowest and reversed), so the long causal rows do not form a
   tail at the end of the grid.
 
-bf16/fp16 inputs go through tl.dot in that precision with fp32 accumulation; fp32 inputs use tf32
-on the GPU (exact fp32 under TRITON_INTERPRET=1).
+bf16/fp16 inputs go through tl.dot in that precision with fp32 accumulation; fp32 inputs in full
+IEEE fp32 once `kernels.dispatch` is imported (it sets TRITON_F32_DEFAULT=ieee for the engine's
+exactness runs), Triton's TF32 default otherwise (exact fp32 under TRITON_INTERPRET=1).
 
 Two variants of the same kernel: `ptr` gathers tiles with plain pointer loads (cp.async pipelined by
 Triton), `tma` reads Q/K/V tiles through Hopper tensor descriptors (TMA bulk copies) on a 2-D view

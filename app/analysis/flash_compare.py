@@ -127,6 +127,8 @@ def _run(name: str, what: str, fn: Callable[[], torch.Tensor], materialises: boo
 def _triton_rows(qkv: LayerQKV, cu: torch.Tensor, timed, ref: torch.Tensor, where: str, reps: int,
                  engine_dtype: torch.dtype) -> list[MethodResult]:
     try:
+        # The engine's dispatch module sets how fp32 dots compile (IEEE, for exactness) before any kernel does.
+        from kernels.dispatch import fp32_dot_precision
         from kernels.prefill_attention_triton import flash_attention_varlen_triton
     except Exception as e:  # noqa: BLE001
         return [MethodResult("Triton FA2 kernel", "kernels.prefill_attention_triton", where, "-", float("nan"),
@@ -137,10 +139,16 @@ def _triton_rows(qkv: LayerQKV, cu: torch.Tensor, timed, ref: torch.Tensor, wher
         name = str(dt).removeprefix("torch.")
         rows.append(_run(f"Triton FA2 kernel ({name})", "kernels.prefill_attention_triton."
                          "flash_attention_varlen_triton: the kernel the engine runs on this GPU"
-                         + (" (fp32 inputs use TF32 tensor cores)" if dt == torch.float32 else ""),
+                         + (_fp32_note(fp32_dot_precision()) if dt == torch.float32 else ""),
                          lambda q=q, k=k, v=v: flash_attention_varlen_triton(q, k, v, cu, qkv.seq_len, qkv.scale),
                          False, reps, timed, ref, where, name))
     return rows
+
+
+def _fp32_note(precision: str) -> str:
+    if precision == "ieee":
+        return " (fp32 dots in full IEEE fp32, as the engine compiles them for its exactness runs)"
+    return f" (fp32 dots as {precision.upper()} on tensor cores)"
 
 
 # ---- memory arithmetic ----------------------------------------------------------------------------

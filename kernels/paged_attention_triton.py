@@ -13,7 +13,8 @@ Two kernels:
    tile are (query row, query head of this KV group) pairs, so the GROUP query heads that share a
    KV head read each K/V tile once (for decode: 3 of the 16 MMA rows are used, which costs nothing
    in a memory-bound loop). The program walks its slice of the context (the keys its rows see,
-   split NUM_SPLITS ways in whole tiles) in BLOCK_N-key tiles, gathering each key row through the
+   split NUM_SPLITS ways in whole tiles: contiguous ranges for prefill chunks, every NUM_SPLITS-th
+   tile for decode, INTERLEAVE_DECODE_SPLITS) in BLOCK_N-key tiles, gathering each key row through the
    block table, with an online softmax in base 2, and writes an unnormalised partial (max m, sum l,
    accumulator acc) in fp32; when there is a single split it writes the normalised output directly
    and the reduce is skipped. A launch with exactly one query row per sequence (decode) compiles a

@@ -1,7 +1,7 @@
-"""On a CUDA machine: what the attention roofline and FlashAttention-2 pages compute there. The pages
-themselves are Streamlit (not installed on the GPU machine); these are the analysis calls behind them,
-which must report our Triton kernels, timed with CUDA events, with their FLOPs and bytes. (Skipped
-without CUDA.)"""
+"""On a CUDA machine: what the attention roofline and FlashAttention-2 pages compute there, called
+without Streamlit (the analysis behind the pages, which must report our Triton kernels, timed with CUDA
+events, with their FLOPs and bytes); `test_app_gpu.py` runs the pages themselves there. (Skipped without
+CUDA.)"""
 from __future__ import annotations
 
 import pytest

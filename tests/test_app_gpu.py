@@ -1,0 +1,94 @@
+"""Every page under Streamlit's AppTest on a CUDA machine: random weights in bf16, the server's
+Triton kernels, each step's kernels timed with CUDA events. `test_pages_gpu.py` checks what the
+roofline and FlashAttention-2 pages compute on a GPU; this runs the pages themselves there, through
+the real navigation, as a lecturer's GPU server would. (Skipped without CUDA. The GPU machine has no
+Streamlit or Plotly: the README says how they travel there as wheels.)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from tests.apptest_helpers import assert_clean, new_app, open_page
+
+pytestmark = pytest.mark.gpu
+
+ENGINE_PAGES = {  # page file -> the page's session key prefix (PAGE in the file)
+    "01_kv_cache.py": "kv",
+    "02_attention_roofline.py": "roofline",
+    "03_paged_attention.py": "paged",
+    "04_continuous_batching.py": "cb",
+    "06_radix_prefix_cache.py": "radix",
+    "07_speculative_decoding.py": "spec",
+    "08_medusa_eagle.py": "tree",
+    "09_chunked_prefill.py": "chunked",
+}
+STEPS = 3
+
+
+@pytest.fixture()
+def gpu_app(monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("INFERSCOPE_WEIGHTS", "random")
+    monkeypatch.setenv("INFERSCOPE_DEVICE", "cuda")
+    return new_app()
+
+
+def _texts(at: AppTest) -> str:
+    return " ".join([m.value for m in at.markdown] + [c.value for c in at.caption])
+
+
+def test_home_says_triton_on_the_gpu(gpu_app: AppTest) -> None:
+    at = gpu_app.run()
+    assert_clean(at)
+    text = _texts(at)
+    assert f"Triton kernels on {torch.cuda.get_device_name()}" in text, text[:500]
+    assert "torch reference path on the CPU" not in text
+
+
+@pytest.mark.parametrize("page_file", list(ENGINE_PAGES))
+def test_engine_page_steps_on_triton_kernels(gpu_app: AppTest, page_file: str) -> None:
+    """The page steps its live engine on the GPU; each step's record names the Triton backend and
+    carries kernel timings (CUDA events) with FLOPs, which the kernel panel draws; scrubbing back
+    redraws from the records."""
+    prefix = ENGINE_PAGES[page_file]
+    at = open_page(gpu_app, page_file)
+    assert_clean(at)
+    for _ in range(STEPS):
+        at.button(key=f"{prefix}-btn-step").click().run()
+        assert_clean(at)
+    session = at.session_state[f"engine-session:{prefix}"]
+    assert session.engine.device.type == "cuda"
+    records = session.records
+    assert [r.step for r in records] == list(range(STEPS))
+    for r in records:
+        assert r.backend == f"Triton kernels on {torch.cuda.get_device_name()}", r.backend
+        attention = [k for k in r.kernels if "attention" in k.name]
+        assert attention and all(k.backend == "triton" and k.seconds > 0 and k.flops > 0 for k in attention), \
+            [(k.name, k.backend, k.seconds, k.flops) for k in r.kernels]
+    assert any(f"on **{records[-1].backend}**" in c.value for c in at.caption)  # the kernel panel's caption
+    at.slider(key=f"{prefix}-scrub").set_value(0).run()
+    assert_clean(at)
+    assert len(session.records) == STEPS
+
+
+def test_roofline_page_measures_the_gpu(gpu_app: AppTest) -> None:
+    """The roofline page's ceilings come from this GPU (a bf16 matmul and a device copy), not the CPU."""
+    at = open_page(gpu_app, "02_attention_roofline.py")
+    assert_clean(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Peak compute π"].endswith("TFLOP/s"), metrics
+    assert metrics["Memory bandwidth β"].endswith("TB/s"), metrics
+    assert any("bfloat16" in c.value and "measured" in c.value for c in at.caption)
+
+
+def test_flash_page_times_our_triton_kernel(gpu_app: AppTest) -> None:
+    """The FlashAttention-2 page's comparison on a GPU lists our Triton FA2 kernel, with an error
+    within bf16 tolerance, beside naive attention and SDPA."""
+    at = open_page(gpu_app, "05_flashattention.py")
+    assert_clean(at)
+    table = at.table[-1].value  # indexed by method
+    rows = table["rel. error"].to_dict()
+    assert "Triton FA2 kernel (bfloat16)" in rows, list(rows)
+    assert float(rows["Triton FA2 kernel (bfloat16)"]) < 1e-2
+    assert set(table["device"]) >= {torch.cuda.get_device_name()}

@@ -7,8 +7,21 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.state import session_key
+
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
+# Every page with a live engine: page file -> its session key prefix (PAGE in the file).
+ENGINE_PAGES = {
+    "01_kv_cache.py": "kv",
+    "02_attention_roofline.py": "roofline",
+    "03_paged_attention.py": "paged",
+    "04_continuous_batching.py": "cb",
+    "06_radix_prefix_cache.py": "radix",
+    "07_speculative_decoding.py": "spec",
+    "08_medusa_eagle.py": "tree",
+    "09_chunked_prefill.py": "chunked",
+}
 TIMEOUT = 600  # seconds per script run: a step is 0.1-0.3 s on an idle 2-core CPU, far more when shared
 
 
@@ -29,6 +42,10 @@ def open_page(at: AppTest, page_file: str) -> AppTest:
     at.switch_page(f"../pages/{page_file}").run()
     assert not at.exception, at.exception
     return at
+
+
+def session_of(at: AppTest, prefix: str):  # noqa: ANN201 (an app.session.EngineSession)
+    return at.session_state[session_key(prefix)]
 
 
 def assert_clean(at: AppTest) -> None:

@@ -10,20 +10,9 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from tests.apptest_helpers import assert_clean, new_app, open_page
+from tests.apptest_helpers import ENGINE_PAGES, assert_clean, new_app, open_page, session_of
 
 pytestmark = pytest.mark.gpu
-
-ENGINE_PAGES = {  # page file -> the page's session key prefix (PAGE in the file)
-    "01_kv_cache.py": "kv",
-    "02_attention_roofline.py": "roofline",
-    "03_paged_attention.py": "paged",
-    "04_continuous_batching.py": "cb",
-    "06_radix_prefix_cache.py": "radix",
-    "07_speculative_decoding.py": "spec",
-    "08_medusa_eagle.py": "tree",
-    "09_chunked_prefill.py": "chunked",
-}
 STEPS = 3
 
 
@@ -57,7 +46,7 @@ def test_engine_page_steps_on_triton_kernels(gpu_app: AppTest, page_file: str) -
     for _ in range(STEPS):
         at.button(key=f"{prefix}-btn-step").click().run()
         assert_clean(at)
-    session = at.session_state[f"engine-session:{prefix}"]
+    session = session_of(at, prefix)
     assert session.engine.device.type == "cuda"
     records = session.records
     assert [r.step for r in records] == list(range(STEPS))

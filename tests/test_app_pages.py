@@ -5,23 +5,31 @@ tests independent of the GGUF; one test drives the real SmolLM2 weights.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.registry import available_pages
-from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import ENGINE_PAGES as ALL_ENGINE_PAGES
+from tests.apptest_helpers import assert_clean, new_app, open_page, random_app, session_of  # noqa: F401 (fixture)
+
+# The pages this module steps and scrubs (the others have their own modules).
+ENGINE_PAGES = {f: ALL_ENGINE_PAGES[f] for f in ("01_kv_cache.py", "03_paged_attention.py", "04_continuous_batching.py")}
 
 
-ENGINE_PAGES = {  # page file -> the page's session key prefix (PAGE in the file)
-    "01_kv_cache.py": "kv",
-    "03_paged_attention.py": "paged",
-    "04_continuous_batching.py": "cb",
-}
-
-
-def session_of(at: AppTest, prefix: str):  # noqa: ANN201
-    return at.session_state[f"engine-session:{prefix}"]
+def test_engine_page_table_matches_the_pages() -> None:
+    """apptest_helpers.ENGINE_PAGES (which the GPU AppTest steps) names every page with a live engine, by the
+    session key prefix the page itself uses."""
+    found = {}
+    for spec in available_pages():
+        text = spec.file.read_text()
+        key = re.search(r'^PAGE = "([^"]+)"', text, re.M)
+        if "engine_controls(" in text:
+            assert key, spec.path
+            found[Path(spec.path).name] = key.group(1)
+    assert found == ALL_ENGINE_PAGES
 
 
 def test_home_lists_every_page(random_app: AppTest) -> None:

@@ -1,7 +1,7 @@
 """Attention roofline (seed chapter 02): prefill vs decode against this machine's measured ceilings."""
 from app.runtime import device
-from app.sections.roofline import (ROOFLINE_SCENARIOS, calculator_section, ceilings_section, latency_section,
-                                   roofline_explanation, roofline_section, warm_up_gpu_kernels)
+from app.sections.roofline import (ROOFLINE_SCENARIOS, calculator_section, ceilings_section, kernel_paths_section,
+                                   latency_section, roofline_explanation, roofline_section, warm_up_gpu_kernels)
 from app.state import get_session
 from app.widgets.controls import engine_controls
 from app.widgets.header import page_header, show_errors
@@ -26,4 +26,5 @@ if record is not None:
     roofline_section(session, record, ceilings)
     latency_section(session, record, history)
 kernel_timing_panel(record, PAGE)
+kernel_paths_section(session)
 calculator_section(session.engine.model_config, ceilings, session.kv_bytes_per_element)

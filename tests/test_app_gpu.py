@@ -10,6 +10,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from app.analysis.kernel_paths import PATHS
 from tests.apptest_helpers import ENGINE_PAGES, assert_clean, new_app, open_page, session_of
 
 pytestmark = pytest.mark.gpu
@@ -81,3 +82,20 @@ def test_flash_page_times_our_triton_kernel(gpu_app: AppTest) -> None:
     assert "Triton FA2 kernel (bfloat16)" in rows, list(rows)
     assert float(rows["Triton FA2 kernel (bfloat16)"]) < 1e-2
     assert set(table["device"]) >= {torch.cuda.get_device_name()}
+
+
+def test_roofline_page_times_every_kernel_path(gpu_app: AppTest) -> None:
+    """On a GPU the roofline page runs its scenario on all three kernel paths; replaying each decode step
+    as one CUDA graph beats launching its few hundred kernels one by one (an H200 measured 0.78 against
+    17 ms a token for one request, bench/throughput.py)."""
+    at = open_page(gpu_app, "02_attention_roofline.py")
+    at.button(key="roofline-paths-run").click().run()
+    assert_clean(at)
+    assert not any("no CUDA GPU" in i.value for i in at.info)
+    table = next(d.value for d in at.dataframe if "kernel path" in d.value.columns)
+    assert list(table["kernel path"]) == [p.label for p in PATHS]
+    ran_on = dict(zip(table["kernel path"], table["ran on"]))
+    assert ran_on["Triton kernels in CUDA graphs"] == f"Triton kernels on {torch.cuda.get_device_name()}"
+    assert ran_on["torch reference kernels"].startswith("torch reference kernels on cuda")
+    median = dict(zip(table["kernel path"], table["median decode step (ms)"]))
+    assert median["Triton kernels in CUDA graphs"] < median["Triton kernels, one launch each"] / 2, median

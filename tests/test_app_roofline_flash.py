@@ -4,6 +4,7 @@ full-length screenshots in test-artifacts/.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -22,12 +23,15 @@ from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, lookup_
 
 from app.analysis.flash_compare import AttentionMemory, compare_methods
 from app.analysis.flash_qkv import LayerQKV, last_token_logits, layer_qkv
+from app.analysis.kernel_paths import PATHS, expected_steps, first_difference, run_paths, runnable_paths
 from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
                                         flops_per_token, kernel_points, linear_intensity, matmul_params,
                                         phase_points, step_phase, unplottable_kernels)
 from app.charts.flash_tiles import method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.kernel_paths import kernel_path_chart
 from app.charts.roofline import (decode_calculator_chart, place_labels, request_latency_chart, roofline_chart,
                                  step_latency_chart)
+from app.scenarios import RequestSpec, Scenario
 from kernels.flash_trace import flash_attention_tiled, naive_attention
 from tests.streamlit_server import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
@@ -234,6 +238,36 @@ def test_flash_charts_build(n: int) -> None:
     method_chart(compare_methods(qkv, 64, 64, reps=1) if n <= 50 else [])
 
 
+# ---- kernel paths ------------------------------------------------------------------------------------
+
+def test_kernel_paths_on_the_cpu(tiny_weights) -> None:  # noqa: ANN001
+    """On a CPU only the torch reference path runs; it runs the scenario to its end with kernel profiling
+    off, and its decode steps are timed and counted."""
+    runnable, missing = runnable_paths("cpu")
+    assert [p.key for p in runnable] == ["torch"] and [p.key for p in missing] == ["triton", "graphs"]
+    assert runnable_paths("cuda")[0] == list(PATHS)
+    scenario = Scenario(name="two", engine={"num_blocks": 32, "max_model_len": 128},
+                        requests=(RequestSpec("Hello there", max_tokens=6, ignore_eos=True),
+                                  RequestSpec("Name a colour", max_tokens=4, arrival_step=1, ignore_eos=True)))
+    assert expected_steps(scenario) == 8  # the longest request: 6 tokens, plus 2
+    done = []
+    runs = run_paths(scenario, tiny_weights, {"device": "cpu", "dtype": "float32", "weights": "random"}, runnable * 2,
+                     50, done.append)
+    assert done == list(range(1, len(done) + 1)) and len(done) >= 6
+    for run in runs:
+        assert not run.error and run.backend == "torch reference kernels on CPU"
+        assert [len(ids) for _, ids in run.tokens] == [6, 4]
+        # a decode-only step makes a token per running request; each request's first comes from its prefill
+        assert len(run.decode_ms) <= run.decode_tokens <= 6 + 4 - 2
+        assert len(run.decode_ms) >= 3 and all(t > 0 for t in run.decode_ms) and run.prefill_ms
+        assert run.median_decode_ms > 0 and run.decode_tokens_per_s > 0
+    assert first_difference(runs) == ""  # the same greedy tokens on both engines
+    altered = dataclasses.replace(runs[1], tokens=(("r0", runs[1].tokens[0][1][:-1] + (-1,)), runs[1].tokens[1]))
+    assert "from output token 5" in first_difference([runs[0], altered])
+    fig = kernel_path_chart(runs)
+    assert len(fig.data) == 2 * len(runs)
+
+
 # ---- the pages under AppTest -------------------------------------------------------------------------
 
 @pytest.fixture()
@@ -275,6 +309,14 @@ def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
     _no_exception(at)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Linear layers cross the ridge at"].startswith("B = ")
+    # The scenario on every kernel path this CPU server has: the torch reference kernels only.
+    at.button(key="roofline-paths-run").click().run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("only the torch reference kernels run here" in i.value for i in at.info)
+    table = next(d.value for d in at.dataframe if "kernel path" in d.value.columns)
+    assert list(table["kernel path"]) == ["torch reference kernels"]
+    assert int(table["decode steps"][0]) >= 20 and float(table["median decode step (ms)"][0]) > 0
 
 
 @pytest.mark.slow
@@ -415,6 +457,15 @@ def test_browser_roofline(server: str, page) -> None:  # noqa: ANN001
     _clean(page)
     assert "0 (prefill)" in page.locator('[data-testid="stMetric"]', has_text="Selected step").inner_text()
     _shoot(page, "02_attention_roofline_prefill_step0")
+    plots = page.locator('[data-testid="stPlotlyChart"]')
+    before = plots.count()
+    page.get_by_role("button", name="Run the scenario on every kernel path").click()
+    _idle(page)
+    _clean(page)
+    assert plots.count() == before + 1  # the kernel-path chart joins the page
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="Every decode step of the scenario")
+    assert chart.count() == 1 and "torch reference kernels" in chart.inner_text()
+    _shoot(page, "02_attention_roofline_kernel_paths")
 
 
 @pytest.mark.browser

@@ -13,16 +13,20 @@ from engine.sampling_params import SamplingParams
 from engine.trace import StepRecord
 from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, measure_ceilings
 
+from app.analysis.kernel_paths import PATHS, expected_steps, first_difference, run_paths, runnable_paths
 from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
                                         phase_points,
                                         flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
                                         unplottable_kernels)
+from app.charts.kernel_paths import kernel_path_chart
 from app.charts.roofline import (decode_calculator_chart, fmt_rate, request_latency_chart, roofline_chart,
                                  step_latency_chart)
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec, Scenario
 from app.session import EngineSession
 from app.theme import show_figure
+from app.widgets.comparison import comparison_runner
+from app.widgets.controls import RUN_TO_END_LIMIT
 from app.widgets.explain import explanation
 
 LONG_PROMPT = (
@@ -146,7 +150,7 @@ def ceilings_section(device: str) -> Ceilings:
                    "against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
             rows = [{"GPU": ref.name, "what": what, "measured": value}
-                    for ref in REFERENCE_CEILINGS.values() for what, value in ref.notes]
+                    for ref in REFERENCE_CEILINGS.values() for what, value in ref.notes] + _reference_kernel_paths()
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
             h = next(iter(REFERENCE_CEILINGS.values())).ceilings
             st.caption(f"H200 ridge: {h.ridge:.0f} FLOP/byte at bf16, so a bf16 decode step needs a batch in the "
@@ -258,3 +262,47 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
     st.caption("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
                f"{linear_intensity(cfg, 256, elem):.0f} FLOP/B at L = 256 and {linear_intensity(cfg, 2048, elem):.0f} "
                "at L = 2048, already at or past the ridge, which is why prefill is compute-bound and decode is not.")
+
+
+def kernel_paths_section(session: EngineSession) -> None:
+    """The page's scenario run to its end on every kernel path this server has, decode steps timed."""
+    st.subheader("What kernel launches cost: the same scenario on every kernel path")
+    st.markdown("A decode step of this model is about 300 kernels (30 layers of norms, projections, RoPE, attention "
+                "and MLP), each working on a handful of tokens. Launched one by one from Python, every kernel costs "
+                "microseconds of host time before the GPU has anything to do; a **CUDA graph** records the whole step "
+                "once and then replays it with a single launch. The button runs this page's scenario to its end on "
+                "each kernel path this server has: fresh engines, stepped in turn, kernel timing off.")
+    server = server_engine_settings()
+    runnable, missing = runnable_paths(server["device"])
+    runs = comparison_runner(
+        session, "roofline", button_label="Run the scenario on every kernel path", button_key="roofline-paths-run",
+        progress_text="Running the scenario on every kernel path…", step_text="step {n} on every path",
+        expected_steps=expected_steps(session.scenario),
+        hint="Press the button to time every decode step of the scenario on each kernel path.",
+        run=lambda progress: run_paths(session.scenario, shared_weights(), server, runnable, RUN_TO_END_LIMIT, progress),
+        errors_of=lambda rs: [f"{r.path.label}: {r.error}" for r in rs if r.error])
+    if missing:
+        st.info(f"This server has no CUDA GPU: only the {runnable[0].label} run here ({len(missing)} of the "
+                f"{len(PATHS)} paths, {', '.join(f'“{p.label}”' for p in missing)}, need one). What every path "
+                "measured on a GPU, also in the reference table under this machine's ceilings:", icon=":material/info:")
+        st.dataframe(pd.DataFrame(_reference_kernel_paths()), hide_index=True, width="stretch")
+    if not runs:
+        return
+    show_figure(kernel_path_chart(runs), key="roofline-paths", height=130 + 85 * len(runs))
+    st.dataframe(pd.DataFrame([{
+        "kernel path": r.path.label, "ran on": r.backend, "decode steps": len(r.decode_ms),
+        "median decode step (ms)": round(r.median_decode_ms, 3), "decode tokens/s": round(r.decode_tokens_per_s),
+        "prefill steps (ms)": ", ".join(f"{t:.3g}" for t in r.prefill_ms)} for r in runs]),
+        hide_index=True, width="stretch")
+    differs = first_difference(runs)
+    st.caption(("Every path produced the same tokens for every request. " if not differs else
+                f"Not every path produced the same tokens ({differs}): the kernels round differently, and in "
+                "bfloat16 a near-tie between two tokens can go either way. ")
+               + "A CUDA graph's first replay at a new batch size includes capturing it: that step sits apart.")
+
+
+def _reference_kernel_paths() -> list[dict[str, str]]:
+    """The reference GPUs' median decode step of this page's first scenario on each kernel path."""
+    label = {p.key: p.label for p in PATHS}
+    return [{"GPU": ref.name, "what": f"median decode step, “{ROOFLINE_SCENARIOS[0].name}”, {label[key]}",
+             "measured": f"{ms:.3g} ms"} for ref in REFERENCE_CEILINGS.values() for key, ms in ref.kernel_paths_ms]

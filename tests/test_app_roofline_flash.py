@@ -23,7 +23,8 @@ from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, lookup_
 
 from app.analysis.flash_compare import AttentionMemory, compare_methods
 from app.analysis.flash_qkv import LayerQKV, last_token_logits, layer_qkv
-from app.analysis.kernel_paths import PATHS, expected_steps, first_difference, run_paths, runnable_paths
+from app.analysis.kernel_paths import (PATHS, PathRun, expected_steps, first_difference, run_paths, runnable_paths,
+                                       summary_rows)
 from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
                                         flops_per_token, kernel_points, linear_intensity, matmul_params,
                                         phase_points, step_phase, unplottable_kernels)
@@ -266,6 +267,14 @@ def test_kernel_paths_on_the_cpu(tiny_weights) -> None:  # noqa: ANN001
     assert "from output token 5" in first_difference([runs[0], altered])
     fig = kernel_path_chart(runs)
     assert len(fig.data) == 2 * len(runs)
+    rows = summary_rows(runs)
+    assert rows[0]["decode steps"] == len(runs[0].decode_ms) and rows[0]["median decode step (ms)"] > 0
+    # A path that ran no decode step (every request stopped at its first token) still gets a row and a chart row.
+    empty = PathRun(PATHS[0], "torch reference kernels on CPU", (), (12.0,), 0, (("r0", (5,)),))
+    assert summary_rows([empty])[0] == {"kernel path": "torch reference kernels", "ran on": "torch reference kernels on CPU",
+                                        "decode steps": 0, "median decode step (ms)": None, "decode tokens/s": None,
+                                        "prefill steps (ms)": "12"}
+    assert kernel_path_chart([empty]).layout.yaxis.ticktext[0].endswith("no decode step")
 
 
 # ---- the pages under AppTest -------------------------------------------------------------------------

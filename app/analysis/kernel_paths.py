@@ -11,6 +11,7 @@ Not pure like most of `app.analysis`: it steps live engines, but draws nothing.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -113,3 +114,14 @@ def first_difference(runs: list[PathRun]) -> str:
                 at = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
                 return f"{run.path.label} differs from {base.path.label} in {rid} from output token {at}"
     return ""
+
+
+def summary_rows(runs: list[PathRun]) -> list[dict[str, Any]]:
+    """The table under the chart, a row per path (None where a path ran no decode step)."""
+    def finite(x: float, digits: int) -> float | None:
+        return round(x, digits) if math.isfinite(x) else None
+
+    return [{"kernel path": r.path.label, "ran on": r.backend, "decode steps": len(r.decode_ms),
+             "median decode step (ms)": finite(r.median_decode_ms, 3),
+             "decode tokens/s": finite(r.decode_tokens_per_s, 0),
+             "prefill steps (ms)": ", ".join(f"{t:.3g}" for t in r.prefill_ms)} for r in runs]

@@ -31,7 +31,8 @@ def kernel_path_chart(runs: list[PathRun]) -> go.Figure:
                      range=[math.log10(lo / 1.6), math.log10(hi * 1.6)])
     # Each row's median goes under its name, where no long step can push it off the plot.
     fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], title_text=None, tickvals=labels,
-                     ticktext=[f"{r.path.label}<br><b>median {r.median_decode_ms:.3g} ms</b> · "
-                               f"{r.decode_tokens_per_s:,.0f} tok/s" for r in runs])
+                     ticktext=[f"{r.path.label}<br>" + (f"<b>median {r.median_decode_ms:.3g} ms</b> · "
+                                                          f"{r.decode_tokens_per_s:,.0f} tok/s" if r.decode_ms else
+                                                          "no decode step") for r in runs])
     fig.update_layout(title="Every decode step of the scenario, per kernel path", margin=dict(l=10))
     return fig

@@ -13,7 +13,8 @@ from engine.sampling_params import SamplingParams
 from engine.trace import StepRecord
 from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, measure_ceilings
 
-from app.analysis.kernel_paths import PATHS, expected_steps, first_difference, run_paths, runnable_paths
+from app.analysis.kernel_paths import (PATHS, expected_steps, first_difference, run_paths, runnable_paths,
+                                       summary_rows)
 from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
                                         phase_points,
                                         flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
@@ -289,11 +290,7 @@ def kernel_paths_section(session: EngineSession) -> None:
     if not runs:
         return
     show_figure(kernel_path_chart(runs), key="roofline-paths", height=130 + 85 * len(runs))
-    st.dataframe(pd.DataFrame([{
-        "kernel path": r.path.label, "ran on": r.backend, "decode steps": len(r.decode_ms),
-        "median decode step (ms)": round(r.median_decode_ms, 3), "decode tokens/s": round(r.decode_tokens_per_s),
-        "prefill steps (ms)": ", ".join(f"{t:.3g}" for t in r.prefill_ms)} for r in runs]),
-        hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(summary_rows(runs)), hide_index=True, width="stretch")
     differs = first_difference(runs)
     st.caption(("Every path produced the same tokens for every request. " if not differs else
                 f"Not every path produced the same tokens ({differs}): the kernels round differently, and in "

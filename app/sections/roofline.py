@@ -268,8 +268,9 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
 def kernel_paths_section(session: EngineSession) -> None:
     """The page's scenario run to its end on every kernel path this server has, decode steps timed."""
     st.subheader("What kernel launches cost: the same scenario on every kernel path")
-    st.markdown("A decode step of this model is about 300 kernels (30 layers of norms, projections, RoPE, attention "
-                "and MLP), each working on a handful of tokens. Launched one by one from Python, every kernel costs "
+    st.markdown(f"A decode step of this model is a few hundred kernels ({session.weights.config.num_layers} layers of "
+                "norms, projections, RoPE, attention and MLP), each working on a handful of tokens. Launched one by one "
+                "from Python, every kernel costs "
                 "microseconds of host time before the GPU has anything to do; a **CUDA graph** records the whole step "
                 "once and then replays it with a single launch. The button runs this page's scenario to its end on "
                 "each kernel path this server has: fresh engines, stepped in turn, kernel timing off.")

@@ -10,6 +10,7 @@ block is on the free list iff its ref count is 0.
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -35,6 +36,10 @@ class BlockManager:
         self._free: deque[int] = deque(range(num_blocks))
         self.tables: dict[int, list[int]] = {}
         self.num_tokens: dict[int, int] = {}  # tokens each sequence has written (or reserved) in its blocks
+        # A stamp per table, new (from one counter) whenever the table's block ids change: whoever
+        # mirrors tables elsewhere (the decode graphs' pinned staging) rewrites only changed rows.
+        self.versions: dict[int, int] = {}
+        self._stamps = itertools.count()
         # Called with the number of blocks still missing; frees what it can (the radix cache's LRU).
         self.evictor: Callable[[int], int] | None = None
         self.evictable: Callable[[], int] = lambda: 0
@@ -105,6 +110,7 @@ class BlockManager:
             self.incref(b)
         self.tables[seq_id] = list(prefix_blocks)
         self.num_tokens[seq_id] = prefix_tokens
+        self.versions[seq_id] = next(self._stamps)
 
     def try_append(self, seq_id: int, num_new_tokens: int) -> list[BlockCopy] | None:
         """`append_slots` if the pool has room, else None with nothing changed. The common decode
@@ -126,7 +132,10 @@ class BlockManager:
         """Reserve slots for `num_new_tokens` more tokens. All-or-nothing: on failure nothing changes."""
         if self.blocks_needed_to_append(seq_id, num_new_tokens) > self.available_blocks():
             raise NoFreeBlocksError(f"sequence {seq_id} needs more blocks than are free")
-        table = self.tables.setdefault(seq_id, [])
+        if seq_id not in self.tables:
+            self.tables[seq_id] = []
+            self.versions[seq_id] = next(self._stamps)
+        table = self.tables[seq_id]
         have = self.num_tokens.setdefault(seq_id, 0)
         copies: list[BlockCopy] = []
         if num_new_tokens > 0 and table and have % self.block_size and self.ref_counts[table[-1]] > 1:
@@ -134,8 +143,11 @@ class BlockManager:
             copies.append(BlockCopy(table[-1], new))
             self.decref(table[-1])
             table[-1] = new
-        while len(table) < self.blocks_for(have + num_new_tokens):
-            table.append(self._take())
+            self.versions[seq_id] = next(self._stamps)
+        if len(table) < self.blocks_for(have + num_new_tokens):
+            while len(table) < self.blocks_for(have + num_new_tokens):
+                table.append(self._take())
+            self.versions[seq_id] = next(self._stamps)
         self.num_tokens[seq_id] = have + num_new_tokens
         return copies
 
@@ -149,15 +161,18 @@ class BlockManager:
         if num_tokens > self.num_tokens[seq_id]:
             raise ValueError("truncate cannot grow a sequence")
         keep = self.blocks_for(num_tokens)
-        for b in table[keep:]:
-            self.decref(b)
-        del table[keep:]
+        if keep < len(table):
+            for b in table[keep:]:
+                self.decref(b)
+            del table[keep:]
+            self.versions[seq_id] = next(self._stamps)
         self.num_tokens[seq_id] = num_tokens
 
     def free(self, seq_id: int) -> None:
         for b in self.tables.pop(seq_id, []):
             self.decref(b)
         self.num_tokens.pop(seq_id, None)
+        self.versions.pop(seq_id, None)
 
     # ---- views ---------------------------------------------------------------------------------
     def slot(self, seq_id: int, position: int) -> int:
@@ -166,7 +181,17 @@ class BlockManager:
 
     def slots(self, seq_id: int, start: int, count: int) -> list[int]:
         table, bs = self.tables[seq_id], self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
+        if count == 1:  # a decode token
+            return [table[start // bs] * bs + start % bs]
+        # One range per block rather than a division per token: a prefill step has thousands.
+        out: list[int] = []
+        p, end = start, start + count
+        while p < end:
+            base = table[p // bs] * bs
+            stop = min(end, (p // bs + 1) * bs)
+            out += range(base + p % bs, base + p % bs + stop - p)
+            p = stop
+        return out
 
     def block_fills(self, seq_id: int) -> list[int]:
         n, bs = self.num_tokens[seq_id], self.block_size

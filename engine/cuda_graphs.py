@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from engine.forward_batch import ForwardBatch
@@ -99,13 +100,16 @@ class DecodeGraphRunner:
         self.capture_seconds += time.perf_counter() - t0
 
     def replay_rows(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-                    gather: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+                    gather: tuple[torch.Tensor, list[int]] | None = None,
+                    versions: list[int] | None = None) -> torch.Tensor:
         """The decode step's path in overlapped decode (engine/overlap.py): rows given as host lists
         (input token, position, KV slot, block table; the context is position + 1 long) are written
         straight into pinned staging laid out as the static inputs and sent in three copies, instead
         of a ForwardBatch on the device then eight device-side copies and fills.
         `gather = (previous, src)`: row i's input is `previous[src[i]]` (a device tensor, the step
-        before's argmax) where src[i] >= 0, its host token otherwise. Returns the real rows' logits."""
+        before's argmax) where src[i] >= 0, its host token otherwise. `versions`: each table's stamp
+        (BlockManager.versions); a staging row that already holds that stamp's table is not rewritten.
+        Returns the real rows' logits."""
         n = len(positions)
         bucket = self._bucket(n)
         st = self._staging[self._next_staging]
@@ -123,10 +127,7 @@ class DecodeGraphRunner:
         st.lens_np[:n] = positions
         st.lens_np[:n] += 1
         st.lens_np[n:bucket] = 1  # ...and read a one-token context
-        # Only each row's own entries: the rest are never read (a row reads ceil(seq_len / block)
-        # entries) and hold earlier steps' block ids, valid indices all, so nothing is cleared.
-        for r, table in enumerate(tables):
-            st.tables_np[r, :len(table)] = table
+        stage_tables(st.tables_np, st.row_versions, tables, versions)
         self._i64.copy_(st.i64, non_blocking=True)
         self.seq_lens[:bucket].copy_(st.i32[:bucket], non_blocking=True)
         self.block_tables[:bucket].copy_(st.tables[:bucket], non_blocking=True)
@@ -153,6 +154,27 @@ class DecodeGraphRunner:
         return self._replay(bucket, n)
 
 
+def stage_tables(dst: np.ndarray, held: list[int], tables: list[list[int]], versions: list[int] | None) -> None:
+    """Write row r of `dst` from tables[r], unless `held[r]` says the row already holds that table.
+
+    Only each row's own entries are written: the rest are never read (a row reads ceil(seq_len /
+    block) entries) and hold earlier steps' block ids, valid indices all, so nothing is cleared.
+    `versions[r]` is the table's BlockManager stamp, new whenever its block ids change, and `held`
+    remembers the stamp each row of `dst` was written from. A table changes once every block_size
+    decode steps, so most rows are skipped: writing one from a Python list costs ~1.5 us, which at
+    a few hundred rows was a third of an overlapped decode step's host time. Without `versions`
+    every row is written and marked unknown."""
+    if versions is None:
+        for r, table in enumerate(tables):
+            dst[r, :len(table)] = table
+            held[r] = -1
+        return
+    for r, (table, v) in enumerate(zip(tables, versions)):
+        if held[r] != v:
+            dst[r, :len(table)] = table
+            held[r] = v
+
+
 class _HostStaging:
     """One set of pinned host buffers in the runner's static-input layout, with numpy views for cheap
     filling, and the event recorded after their copies were queued."""
@@ -162,5 +184,6 @@ class _HostStaging:
         self.i32 = torch.zeros(lens_pad + b * max_blocks, dtype=torch.int32).pin_memory()
         self.tables = self.i32[lens_pad:].view(b, max_blocks)
         self.i64_np, self.lens_np, self.tables_np = self.i64.numpy(), self.i32[:b].numpy(), self.tables.numpy()
+        self.row_versions = [-1] * b  # the BlockManager stamp of the table each row holds (-1: unknown)
         self.copied = torch.cuda.Event()
         self.copied.record()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -105,6 +106,9 @@ def build_forward_batch(
     )
 
 
+_NUMPY_INTS = {torch.int64: np.int64, torch.int32: np.int32}
+
+
 def _to_device(fields: list[list[int]], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     """One host-to-device copy for several integer fields, returned as views. On a GPU each small
     copy costs ~20 us of launch and transfer (eight of them were a tenth of a batch-1 decode step).
@@ -116,7 +120,9 @@ def _to_device(fields: list[list[int]], dtype: torch.dtype, device: torch.device
         starts.append(len(flat))
         flat += f
         flat += [0] * (-len(flat) % align)
-    whole = torch.tensor(flat, dtype=dtype)
+    # numpy converts a list of Python ints 2-3x faster than torch.tensor (a prefill step of 8,192
+    # tokens has ~25k of them: 1.4 ms against 0.6 ms), and torch takes the array without a copy.
+    whole = torch.from_numpy(np.array(flat, dtype=_NUMPY_INTS[dtype]))
     if device.type == "cuda":
         # From pinned memory the copy is asynchronous; from pageable memory the driver may wait for
         # the stream first, which would stall the host behind the GPU (engine/overlap.py).

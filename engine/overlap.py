@@ -107,21 +107,26 @@ class DecodePipeline:
         bm = eng.block_manager
         prev = self.inflight[-1] if self.inflight else None
         prev_row = {seq.seq_id: i for i, (seq, _) in enumerate(prev.rows)} if prev is not None else {}
-        toks, positions, slots, tables, src = [], [], [], [], []
+        toks, positions, slots, tables, versions, src = [], [], [], [], [], []
+        all_tables, all_versions, bs = bm.tables, bm.versions, bm.block_size
         for seq, _ in sched.scheduled:
+            sid = seq.seq_id
             start = seq.num_computed_tokens
             tok = seq.token_ids[start]
-            src.append(prev_row[seq.seq_id] if tok == PENDING else -1)
+            src.append(prev_row[sid] if tok == PENDING else -1)
             toks.append(max(tok, 0))
             positions.append(start)
-            slots += bm.slots(seq.seq_id, start, 1)
-            tables.append(bm.tables[seq.seq_id])
+            table = all_tables[sid]
+            slots.append(table[start // bs] * bs + start % bs)  # bm.slots(sid, start, 1), inlined: per row
+            tables.append(table)
+            versions.append(all_versions[sid])
         start_ev = torch.cuda.Event(enable_timing=True)
         end_ev = torch.cuda.Event(enable_timing=True)
         stream = self.stream
         start_ev.record(stream)
         gather = (prev.tokens, src) if prev is not None and max(src) >= 0 else None
-        logits = eng._graph_replay(lambda: eng.graph_runner.replay_rows(toks, positions, slots, tables, gather))
+        logits = eng._graph_replay(lambda: eng.graph_runner.replay_rows(toks, positions, slots, tables, gather,
+                                                                        versions))
         tokens = logits.argmax(-1)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)

@@ -32,6 +32,7 @@ correct, and its programs busy, for any shorter lengths.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -526,7 +527,18 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
     """Kernel, tile sizes and the context split, from shapes and python ints only (graph-safe).
 
     `block_n` is the K/V tile height: tokens for the "group" kernel, (token, KV head) rows for the
-    "allheads" decode kernel."""
+    "allheads" decode kernel. Memoised (a fresh dict each call): every layer of a forward pass asks
+    with the same shapes, and working the plan out cost ~20 us of host time on the H200 machine,
+    30 times a prefill step (bench/launch_overhead.py). The module's tuning constants are read once
+    per shape (the interpreter switch is part of the key: tests flip it)."""
+    return dict(_plan(batch, hq, hkv, max_query_len, max_seq_len, _sm_count(device), programs_per_sm,
+                      min_partition, block_n, decode_kernel, single_pass_len, _INTERPRET))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, sms: int,
+          programs_per_sm: int | None, min_partition: int | None, block_n: int | None,
+          decode_kernel: str | None, single_pass_len: int | None, interpret: bool) -> dict:
     group = hq // hkv
     kernel = DECODE_KERNEL if decode_kernel is None else decode_kernel
     if max_query_len > 1 or hq > 64:
@@ -536,7 +548,7 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         block_m = max(16, triton.next_power_of_2(hq))
         q_tiles = 1
         if block_n is None:
-            block_n = 32 if _INTERPRET else BLOCK_N[mode]
+            block_n = 32 if interpret else BLOCK_N[mode]
         block_n = max(block_n, triton.next_power_of_2(hkv))
         step = block_n // hkv  # tokens per tile
         base = batch
@@ -545,18 +557,17 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
         block_m = max(16 if mode == "decode" else 64, triton.next_power_of_2(group))
         q_tiles = triton.cdiv(max(max_query_len, 1), block_m // group)
         if block_n is None:
-            block_n = 16 if _INTERPRET else BLOCK_N[mode]
+            block_n = 16 if interpret else BLOCK_N[mode]
         step = block_n
         base = batch * hkv * q_tiles
     per_sm = TARGET_PROGRAMS_PER_SM[mode] if programs_per_sm is None else programs_per_sm
-    min_part = (32 if _INTERPRET else MIN_PARTITION) if min_partition is None else min_partition
+    min_part = (32 if interpret else MIN_PARTITION) if min_partition is None else min_partition
     min_part = max(min_part, step)
     length = max(max_seq_len, 1)
-    sms = _sm_count(device)
     if mode == "decode":
         want = per_sm * sms // max(base, 1)
         if single_pass_len is None:
-            single_pass_len = 32 if _INTERPRET else SINGLE_PASS_LEN  # interpreter: short, so tests still split
+            single_pass_len = 32 if interpret else SINGLE_PASS_LEN  # interpreter: short, so tests still split
         if length <= single_pass_len and base >= sms or length <= 2 * single_pass_len and 4 * base >= 5 * sms:
             want = 1
     else:

@@ -1,11 +1,13 @@
 """Block manager invariants under thousands of random operations (hypothesis state machine)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.block_manager import BlockManager, NoFreeBlocksError
+from engine.cuda_graphs import stage_tables
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -15,6 +17,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.next_id = 0
         # Our own model of what each sequence holds, to check the manager against.
         self.lengths: dict[int, int] = {}
+        # The decode graphs' pinned staging in small: rows filled by stage_tables, which skips a row
+        # whose table stamp it already holds (so a stamp that failed to change would leave it stale).
+        self.staged = np.full((8, 24), -7, dtype=np.int32)
+        self.held = [-1] * 8
+        self.seen: dict[int, tuple[int, tuple[int, ...]]] = {}  # sid -> (stamp, table) last seen
 
     @rule(n=st.integers(1, 20))
     def create_and_append(self, n: int) -> None:
@@ -85,6 +92,26 @@ class BlockManagerMachine(RuleBasedStateMachine):
         keep = data.draw(st.integers(0, self.lengths[sid]))
         self.bm.truncate(sid, keep)
         self.lengths[sid] = keep
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def stage(self, data) -> None:
+        """Stage some live tables, in any order, as an overlapped decode step would."""
+        sids = data.draw(st.lists(st.sampled_from(sorted(self.lengths)), min_size=1, max_size=8, unique=True))
+        tables = [self.bm.tables[s] for s in sids]
+        stage_tables(self.staged, self.held, tables, [self.bm.versions[s] for s in sids])
+        for r, table in enumerate(tables):
+            assert list(self.staged[r, :len(table)]) == table, "a staged row holds a stale table"
+
+    @invariant()
+    def a_table_keeps_its_stamp_only_while_unchanged(self) -> None:
+        for sid in self.lengths:
+            now = (self.bm.versions[sid], tuple(self.bm.tables[sid]))
+            old = self.seen.get(sid)
+            if old is not None and old[0] == now[0]:
+                assert old[1] == now[1], "the table changed but kept its stamp"
+            self.seen[sid] = now
+        assert set(self.bm.versions) == set(self.bm.tables)
 
     @invariant()
     def refcounts_equal_owners_and_nothing_leaks(self) -> None:

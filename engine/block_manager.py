@@ -110,6 +110,10 @@ class BlockManager:
             self.incref(b)
         self.tables[seq_id] = list(prefix_blocks)
         self.num_tokens[seq_id] = prefix_tokens
+        self._restamp(seq_id)
+
+    def _restamp(self, seq_id: int) -> None:
+        """The table's block ids just changed: a new stamp (see `versions`)."""
         self.versions[seq_id] = next(self._stamps)
 
     def try_append(self, seq_id: int, num_new_tokens: int) -> list[BlockCopy] | None:
@@ -134,7 +138,7 @@ class BlockManager:
             raise NoFreeBlocksError(f"sequence {seq_id} needs more blocks than are free")
         if seq_id not in self.tables:
             self.tables[seq_id] = []
-            self.versions[seq_id] = next(self._stamps)
+            self._restamp(seq_id)
         table = self.tables[seq_id]
         have = self.num_tokens.setdefault(seq_id, 0)
         copies: list[BlockCopy] = []
@@ -143,11 +147,11 @@ class BlockManager:
             copies.append(BlockCopy(table[-1], new))
             self.decref(table[-1])
             table[-1] = new
-            self.versions[seq_id] = next(self._stamps)
-        if len(table) < self.blocks_for(have + num_new_tokens):
-            while len(table) < self.blocks_for(have + num_new_tokens):
-                table.append(self._take())
-            self.versions[seq_id] = next(self._stamps)
+            self._restamp(seq_id)
+        missing = self.blocks_for(have + num_new_tokens) - len(table)
+        if missing > 0:
+            table.extend(self._take() for _ in range(missing))
+            self._restamp(seq_id)
         self.num_tokens[seq_id] = have + num_new_tokens
         return copies
 
@@ -165,7 +169,7 @@ class BlockManager:
             for b in table[keep:]:
                 self.decref(b)
             del table[keep:]
-            self.versions[seq_id] = next(self._stamps)
+            self._restamp(seq_id)
         self.num_tokens[seq_id] = num_tokens
 
     def free(self, seq_id: int) -> None:
@@ -180,9 +184,9 @@ class BlockManager:
         return table[position // self.block_size] * self.block_size + position % self.block_size
 
     def slots(self, seq_id: int, start: int, count: int) -> list[int]:
-        table, bs = self.tables[seq_id], self.block_size
         if count == 1:  # a decode token
-            return [table[start // bs] * bs + start % bs]
+            return [self.slot(seq_id, start)]
+        table, bs = self.tables[seq_id], self.block_size
         # One range per block rather than a division per token: a prefill step has thousands.
         out: list[int] = []
         p, end = start, start + count

@@ -70,8 +70,8 @@ class EngineSession:
             rid = self.engine.add_request(spec.engine_prompt(), spec.sampling_params(),
                                           arrival_step=spec.arrival_step, request_id=spec.request_id)
         except ValueError as e:
-            label = spec.request_id or repr(spec.prompt[:40])
-            self.errors.append(SessionError(f"Request {label} was not added: {e}"))
+            label = spec.request_id or f"“{_short(spec.prompt)}”"
+            self.report(f"Request {label} was not added: {e}{_fix_hint(str(e))}")
             return None
         labels = [rid] if spec.n == 1 else [f"{rid}#{i}" for i in range(spec.n)]
         self.request_order.extend(labels)
@@ -109,6 +109,12 @@ class EngineSession:
             n += 1
         return n
 
+    def report(self, message: str, details: str = "") -> None:
+        """Add a message for the page, once: the same bad input submitted twice is one message, not two
+        stacked copies."""
+        if all(e.message != message for e in self.errors):
+            self.errors.append(SessionError(message, details))
+
     def clear_errors(self) -> None:
         self.errors.clear()
 
@@ -133,3 +139,21 @@ class EngineSession:
     def kv_bytes_per_element(self) -> int:
         """Bytes of one cached K or V number at the engine's dtype (4 on the CPU fp32 path)."""
         return torch.empty((), dtype=getattr(torch, self.server.get("dtype", "float32"))).element_size()
+
+
+def _short(prompt: str, limit: int = 40) -> str:
+    """The prompt's start for a message: whole words, no trailing space, an ellipsis when cut."""
+    text = " ".join(prompt.split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip() + " …"
+
+
+def _fix_hint(error: str) -> str:
+    """Where the knob is that would let the request in, for the errors a student can fix on the page."""
+    for knob in ("max_model_len", "num_blocks", "max_num_batched_tokens"):
+        if knob in error or (knob == "num_blocks" and "KV blocks" in error):
+            return (f". A shorter prompt or a smaller max_tokens fits; or raise {knob} under "
+                    "“Scenario and requests” (the engine settings below the request table; applying restarts "
+                    "the engine).")
+    return ""

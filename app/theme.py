@@ -137,6 +137,23 @@ def make_room_for_subtitle(fig: go.Figure, font_size: int) -> None:
         fig.update_layout(margin=dict(t=round(need)))
 
 
+def scale_explicit_fonts(fig: go.Figure, factor: float) -> None:
+    """Multiply every font size a chart builder set itself (annotations, marker labels, axis titles and
+    ticks): the template's size reaches only text that sets none, so in presentation mode a chart's
+    12-point annotations stayed 12 points on the projector while the page around them grew."""
+    def scaled(font) -> None:  # noqa: ANN001 - any Plotly font object
+        if font is not None and isinstance(font.size, (int, float)):
+            font.size = round(font.size * factor)
+
+    for ann in fig.layout.annotations:
+        scaled(ann.font)
+    for trace in fig.data:
+        scaled(getattr(trace, "textfont", None))
+    for axis in [*fig.select_xaxes(), *fig.select_yaxes()]:
+        scaled(axis.tickfont)
+        scaled(axis.title.font)
+
+
 def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
     """Render with the house template, a fixed height and a 3x PNG export named after `key`.
 
@@ -147,6 +164,8 @@ def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int =
     h = int(height * 1.25) if present else height
     font_size = PRESENT_FONT_SIZE if present else FONT_SIZE
     fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
+    if present:
+        scale_explicit_fonts(fig, PRESENT_FONT_SIZE / FONT_SIZE)
     place_legend(fig, h, font_size)
     make_room_for_subtitle(fig, font_size)
     st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

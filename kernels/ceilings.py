@@ -50,6 +50,7 @@ class ReferenceDevice:
     # (kernel path key, ms): the median decode step of the roofline page's first scenario on each of
     # app.analysis.kernel_paths.PATHS, for servers that cannot run them all
     kernel_paths_ms: tuple[tuple[str, float], ...] = ()
+    memory_bytes: float = 0.0  # device memory torch reports there (for "does this batch fit?")
 
 
 REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
@@ -65,6 +66,8 @@ REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
         # app.analysis.kernel_paths.run_paths on the roofline page's first scenario, random bf16 weights, the
         # second of two passes (bench/results/kernel_paths_h200_v19.json): median decode step per kernel path.
         (("torch", 50.8), ("triton", 22.6), ("graphs", 1.07)),
+        # torch.cuda.get_device_properties(0).total_memory there: 139.80 GiB
+        139.80 * 2**30,
     ),
 }
 
@@ -77,6 +80,16 @@ def lookup_ceilings(device_name: str) -> Ceilings | None:
         if name in device_name or device_name in name:
             return ref.ceilings
     return None
+
+
+def memory_capacity(device: str | torch.device) -> float:
+    """Bytes of memory the device has: a GPU's total memory, or the machine's RAM for the CPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return float(torch.cuda.get_device_properties(dev).total_memory)
+    import os
+
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -99,20 +112,34 @@ def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], reps: int, b
 
 
 def _measure_cpu(dtype: torch.dtype) -> Ceilings:
+    """The fastest of two dense matmuls, and a copy far larger than any cache.
+
+    The engine's CPU linears run oneDNN's inner product on packed weights (kernels/cpu_linear.py),
+    which beats torch.mm's MKL sgemm on a small CPU, so a ceiling from torch.mm alone put the
+    engine's prefill linears above the roof. The roof is the faster of a square torch.mm and the
+    engine's own op at its widest weight (the fused gate/up projection) with a prefill's rows."""
+    from kernels.cpu_linear import cpu_linear, pack_linear_weight
+
     n = 768
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     c = torch.empty(n, n, dtype=dtype)
-    mm = _best_seconds(lambda: torch.mm(a, b, out=c), lambda: None, reps=8, budget_s=0.5)
+    mm_flops = 2 * n ** 3 / _best_seconds(lambda: torch.mm(a, b, out=c), lambda: None, reps=8, budget_s=0.5)
+    rows, out_f, in_f = 512, 3072, 576
+    x = torch.randn(rows, in_f, dtype=dtype)
+    w = pack_linear_weight(torch.randn(out_f, in_f, dtype=dtype))
+    lin_flops = 2 * rows * out_f * in_f / _best_seconds(lambda: cpu_linear(x, w), lambda: None, reps=8, budget_s=0.5)
     numel = 16 * 1024 * 1024  # 64 MiB of fp32: far larger than any CPU cache
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
     cp = _best_seconds(lambda: dst.copy_(src), lambda: None, reps=8, budget_s=0.5)
     threads = torch.get_num_threads()
-    return Ceilings(2 * n ** 3 / mm, 2 * src.numel() * src.element_size() / cp,
+    name = str(dtype).removeprefix("torch.")
+    which = (f"{n}³ {name} torch.mm" if mm_flops >= lin_flops
+             else f"{name} linear {rows}×{in_f} · {in_f}×{out_f} (the engine's oneDNN op)")
+    return Ceilings(max(mm_flops, lin_flops), 2 * src.numel() * src.element_size() / cp,
                     f"measured now on this CPU ({threads} torch thread{'s' if threads != 1 else ''}): "
-                    f"{n}³ {str(dtype).removeprefix('torch.')} matmul, 64 MiB copy",
-                    str(dtype).removeprefix("torch."))
+                    f"the faster matmul was the {which}; 64 MiB copy", name)
 
 
 def _measure_cuda(device: torch.device, dtype: torch.dtype) -> Ceilings:

@@ -12,11 +12,10 @@ st.markdown("Exact causal attention without the N × N score matrix: queries sta
             "of one layer of the model for your prompt.")
 flash_header()
 flash_explanation()
-settings = settings_section()
-if settings is not None:
-    qkv = get_qkv(settings)
-    trace = get_trace(settings, qkv)
-    scores, probs = head_matrices(qkv, settings.head)
-    tiles_section(settings, trace, scores)
-    matrix_section(settings, qkv, trace, scores, probs)
-    compare_section(settings, qkv)
+settings = settings_section()  # always a prompt: an empty box keeps the last one, so the page stays whole
+qkv = get_qkv(settings)
+trace = get_trace(settings, qkv)
+scores, probs = head_matrices(qkv, settings.head)
+tiles_section(settings, trace, scores)
+matrix_section(settings, qkv, trace, scores, probs)
+compare_section(settings, qkv)

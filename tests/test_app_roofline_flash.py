@@ -326,6 +326,9 @@ def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
     table = next(d.value for d in at.dataframe if "kernel path" in d.value.columns)
     assert list(table["kernel path"]) == ["torch reference kernels"]
     assert int(table["decode steps"][0]) >= 20 and float(table["median decode step (ms)"][0]) > 0
+    # One path ran: the caption must not claim that every path agreed, nor talk about graph captures.
+    captions = " ".join(c.value for c in at.caption)
+    assert "Every path produced the same tokens" not in captions and "One kernel path ran here" in captions
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -153,18 +155,74 @@ def _fp32_note(precision: str) -> str:
 
 # ---- memory arithmetic ----------------------------------------------------------------------------
 
+# One stated dtype per quantity, used by the page's metrics, its table and their captions alike (a metric
+# in fp32 next to a table in bf16 gave two sizes for the same N). S and P in fp32: the dtype the naive row
+# of the comparison materialises them in. m and l in fp32: FA2 keeps its softmax statistics in fp32 whatever
+# the input dtype (the Triton kernel and kernels.flash_trace alike).
+MATRIX_DTYPE, MATRIX_ELEM = "fp32", 4
+STATE_DTYPE, STATE_ELEM = "fp32", 4
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionMemory:
     seq_len: int
     heads: int
-    elem: int
+    elem: int = MATRIX_ELEM  # bytes per element of S and P
+    state_elem: int = STATE_ELEM  # bytes per element of m and l
 
     @property
     def naive_scores_bytes(self) -> int:
-        """One [heads, N, N] matrix (naive attention writes S, then P of the same size)."""
+        """One [heads, N, N] matrix: S, or P (the same size)."""
         return self.heads * self.seq_len ** 2 * self.elem
 
     @property
+    def naive_bytes(self) -> int:
+        """What naive attention writes to memory: S, then P of the same size."""
+        return 2 * self.naive_scores_bytes
+
+    @property
     def flash_state_bytes(self) -> int:
-        """What FA2 keeps per query row besides the output: the running max m and sum l (fp32)."""
-        return self.heads * self.seq_len * 2 * 4
+        """What FA2 keeps per query row besides the output: the running max m and sum l."""
+        return self.heads * self.seq_len * 2 * self.state_elem
+
+    @property
+    def ratio(self) -> float:
+        """Naive S and P over FA2's m and l: N when both are in the same dtype."""
+        return self.naive_bytes / self.flash_state_bytes if self.seq_len else 0.0
+
+
+def memory_table(seq_len: int, heads: int, lengths: tuple[int, ...] = (4096, 32768, 131072)) -> list[AttentionMemory]:
+    """This prompt's memory, then longer contexts', all in the same dtypes (the first row is the page's metric)."""
+    return [AttentionMemory(n, heads) for n in dict.fromkeys((seq_len, *lengths))]
+
+
+# ---- the machine the CPU rows run on ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CpuCache:
+    level: int
+    bytes: int
+
+
+def _cache_size(text: str) -> int:
+    """sysfs writes sizes as '32K', '1024K' or '32M'."""
+    text = text.strip().upper()
+    units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+
+
+@lru_cache(maxsize=1)
+def largest_cpu_cache(root: str = "/sys/devices/system/cpu/cpu0/cache") -> CpuCache | None:
+    """The largest data (or unified) cache of CPU 0, from Linux sysfs; None where it cannot be read. The
+    page compares the naive S and P with it instead of claiming that they fit in the caches at any N."""
+    best: CpuCache | None = None
+    for index in sorted(Path(root).glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            cache = CpuCache(int((index / "level").read_text()), _cache_size((index / "size").read_text()))
+        except (OSError, ValueError):
+            continue
+        if best is None or cache.bytes > best.bytes:
+            best = cache
+    return best

@@ -110,6 +110,13 @@ def phase_points(points: list[KernelPoint]) -> list[KernelPoint]:
             for (ph, name), pts in groups.items()]
 
 
+def above_roof(points: list[KernelPoint], c: Ceilings, factor: float = 1.1) -> list[KernelPoint]:
+    """Points more than `factor` above the roof at their intensity, worst first. No kernel beats a true
+    ceiling, so any such point says the ceilings were measured low (a busy shared machine)."""
+    over = [p for p in points if p.flops_per_s > factor * c.attainable(p.intensity)]
+    return sorted(over, key=lambda p: p.flops_per_s / c.attainable(p.intensity), reverse=True)
+
+
 def unplottable_kernels(record: StepRecord) -> list[str]:
     """Kernels with no FLOPs (pure data movement: embedding gather, KV store) or no timing."""
     return [k.name for k in record.kernels if not (k.flops > 0 and k.bytes > 0 and k.seconds > 0)]
@@ -195,10 +202,13 @@ class DecodeStep:
     flops: float
     weight_bytes: float
     kv_bytes: float
+    # Inputs and outputs of the linear layers: counted as `linear_intensity` counts them, so the whole
+    # step's intensity can never rise above its linear layers' (it did at context 0 without them).
+    activation_bytes: float = 0.0
 
     @property
     def bytes(self) -> float:
-        return self.weight_bytes + self.kv_bytes
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
 
     @property
     def intensity(self) -> float:
@@ -213,11 +223,13 @@ class DecodeStep:
 
 
 def decode_step(cfg: ModelConfig, batch: int, context: int, elem: int) -> DecodeStep:
-    """FLOPs ~ batch x 2 x params (+ attention); bytes ~ all weights once + every sequence's KV."""
+    """FLOPs ~ batch x 2 x params (+ attention); bytes ~ all weights once + every sequence's KV (+ the
+    linear layers' input and output rows)."""
     flops = batch * flops_per_token(cfg, context)
     weights = matmul_params(cfg) * elem
     kv = batch * context * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
-    return DecodeStep(batch, context, elem, flops, weights, kv)
+    activations = batch * sum(s.per_model * (s.in_features + s.out_features) for s in linear_shapes(cfg)) * elem
+    return DecodeStep(batch, context, elem, flops, weights, kv, activations)
 
 
 def crossing_batch(cfg: ModelConfig, elem: int, ridge: float, limit: int = 1 << 16) -> int | None:

@@ -11,3 +11,12 @@ def step_ticks(records: list[StepRecord] | int, max_ticks: int = 16) -> dict:
     records or the number of steps the axis spans."""
     n = max(records if isinstance(records, int) else len(records), 1)
     return {"tick0": 0, "dtick": max(1, math.ceil(n / max_ticks))}
+
+
+def log_axis(si: bool = False) -> dict:
+    """Log-axis settings that read on a projector: one labelled tick per power of ten (Plotly's
+    default also labels the 2s and 5s between them, so a '5' left of '1' means 0.5), unlabelled
+    minor grid lines in between, and SI prefixes for rates (k, M, G, T: Plotly's default writes 1e9
+    as '1B', which next to 'FLOP/B' reads as bytes) or plain numbers for ratios and counts."""
+    return {"type": "log", "dtick": 1, "tickformat": "~s" if si else "~g",
+            "minor": {"dtick": "D1", "showgrid": True, "gridcolor": "rgba(0,0,0,0.04)"}}

@@ -6,6 +6,7 @@ import math
 import plotly.graph_objects as go
 
 from app.analysis.kernel_paths import PathRun
+from app.charts.axes import log_axis
 from app.theme import MUTED
 
 PATH_COLORS = {"torch": "#6B7280", "triton": "#E69F00", "graphs": "#009E73"}
@@ -27,8 +28,11 @@ def kernel_path_chart(runs: list[PathRun]) -> go.Figure:
         fig.add_scatter(y=[r.path.label], x=[r.median_decode_ms], mode="markers",
                         marker=dict(symbol="line-ns", size=30, line=dict(color=color, width=4)), showlegend=False,
                         hovertemplate=f"{r.path.label}: median %{{x:.3g}} ms per decode step<extra></extra>")
-    fig.update_xaxes(type="log", title_text="milliseconds per decode step (log)",
-                     range=[math.log10(lo / 1.6), math.log10(hi * 1.6)])
+    # Powers of ten only when the paths span one (a GPU's 1 ms against 50 ms); a single CPU path's few
+    # milliseconds keep Plotly's in-between ticks, or the axis would carry no label at all.
+    wide = hi / lo * 1.6 ** 2 > 10
+    fig.update_xaxes(**(log_axis() if wide else {"type": "log", "tickformat": "~g"}),
+                     title_text="milliseconds per decode step (log)", range=[math.log10(lo / 1.6), math.log10(hi * 1.6)])
     # Each row's median goes under its name, where no long step can push it off the plot.
     fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], title_text=None, tickvals=labels,
                      ticktext=[f"{r.path.label}<br>" + (f"<b>median {r.median_decode_ms:.3g} ms</b> · "

@@ -6,6 +6,8 @@ import plotly.graph_objects as go
 
 from engine.trace import KernelTiming
 
+from app.formatting import fmt_duration
+
 BACKEND_COLORS = {"torch": "#0072B2", "triton": "#D55E00", "cuda-graph": "#009E73"}
 
 
@@ -33,10 +35,10 @@ def kernel_bar(kernels: tuple[KernelTiming, ...] | list[KernelTiming], step: int
         fig.add_bar(
             y=part["kernel"], x=part["ms"], orientation="h", name=f"{backend}",
             marker_color=BACKEND_COLORS.get(str(backend), "#6B7280"),
-            text=[f"{ms:.1f} ms · {c}×" for ms, c in zip(part["ms"], part["calls"])], textposition="outside",
+            text=[f"{fmt_duration(ms / 1e3)} · {c}×" for ms, c in zip(part["ms"], part["calls"])], textposition="outside",
             customdata=part[["calls", "GFLOP/s", "GB/s"]].fillna(0).to_numpy(),
             hovertemplate="<b>%{y}</b><br>%{x:.2f} ms in %{customdata[0]} calls<br>"
-                          "%{customdata[1]:.1f} GFLOP/s · %{customdata[2]:.2f} GB/s<extra>%{fullData.name}</extra>",
+                          "%{customdata[1]:.3g} GFLOP/s · %{customdata[2]:.3g} GB/s<extra>%{fullData.name}</extra>",
         )
     fig.update_layout(title=f"Kernel time in step {step}", xaxis_title="milliseconds (summed over calls)",
                       barmode="stack", legend_title_text="backend")

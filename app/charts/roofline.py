@@ -13,6 +13,8 @@ from kernels.ceilings import Ceilings
 
 from app.analysis.roofline_math import (FAMILY_OF, KernelPoint, attention_decode_intensity, crossing_batch, decode_step,
                                         linear_intensity, log_range, step_phase)
+from app.charts.axes import log_axis
+from app.formatting import fmt_duration
 from app.theme import MUTED, STATUS_COLORS
 
 PHASE_COLORS = {"prefill": STATUS_COLORS["prefill"], "decode": STATUS_COLORS["decode"], "mixed": "#7A5195",
@@ -32,7 +34,7 @@ def fmt_rate(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
-def _label(p: KernelPoint) -> str:
+def point_label(p: KernelPoint) -> str:
     """A kernel's own name, or its family's for a point that sums several kernels."""
     if p.name not in FAMILY_OF:
         return FAMILY_NAMES[p.family]
@@ -43,20 +45,26 @@ _RIGHT = ("middle right", "top right", "bottom right", "middle left", "top left"
 _LEFT = ("middle left", "top left", "bottom left", "middle right", "top right", "bottom right")
 
 
+Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in log10 data units
+
+
 def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[float, float],
-                 y_span: tuple[float, float], width_px: float = 780, height_px: float = 430) -> list[str]:
-    """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other
-    and the markers: greedy, in log space, with box sizes estimated from the font."""
+                 y_span: tuple[float, float], width_px: float = 780, height_px: float = 430,
+                 obstacles: list[Box] = ()) -> list[str]:
+    """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other,
+    the markers and `obstacles` (the roof's own labels, the ridge marker): greedy, in log space, with
+    box sizes estimated from the font. A label that finds no free place gets "" (no text; the hover
+    still names the point): overlapping text is worse on a projector than a point without a label."""
     dx = (math.log10(x_span[1]) - math.log10(x_span[0])) / width_px  # decades per pixel
     dy = (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px
     marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
               for x, y, _, _ in items]
-    placed: list[tuple[float, float, float, float]] = []
+    placed: list[Box] = list(obstacles)
     out = []
     for i, (x, y, text, right) in enumerate(items):
         lx, ly = math.log10(x), math.log10(y)
         w, h, gap = len(text) * 6.2 * dx, 13 * dy, 9 * dx
-        best, best_hits = None, None
+        best, best_hits, best_box = "", None, None
         for pos in (_RIGHT if right else _LEFT):
             vert, horiz = pos.split()
             x0 = lx + gap if horiz == "right" else lx - gap - w
@@ -68,9 +76,24 @@ def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[floa
                 best, best_hits, best_box = pos, hits, box
             if hits == 0:
                 break
+        if best_hits:
+            out.append("")
+            continue
         placed.append(best_box)
         out.append(best)
     return out
+
+
+def _text_box(x: float, y: float, text: str, x_span: tuple[float, float], y_span: tuple[float, float],
+              angle_deg: float = 0.0, width_px: float = 780, height_px: float = 430) -> Box:
+    """The log-space box a label anchored at its bottom-left (x, y) covers, rotated `angle_deg` upwards."""
+    dx = (math.log10(x_span[1]) - math.log10(x_span[0])) / width_px
+    dy = (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px
+    w_px, h_px = len(text) * 6.6, 15
+    a = math.radians(angle_deg)
+    lx, ly = math.log10(x), math.log10(y)
+    return (lx, lx + (w_px * math.cos(a) + h_px * math.sin(a)) * dx, ly,
+            ly + (w_px * math.sin(a) + h_px * math.cos(a)) * dy)
 
 
 def _log_span(values: list[float], lo_default: float, hi_default: float, pad: float = 2.5) -> tuple[float, float]:
@@ -103,13 +126,24 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
                     hovertemplate=f"ridge: I* = π/β = {c.ridge:.3g} FLOP/byte<extra></extra>")
     fig.add_annotation(x=math.log10(c.ridge), y=math.log10(c.peak_flops), text=f"<b>ridge</b> {c.ridge:.3g} FLOP/B",
                        showarrow=True, arrowhead=0, ax=-20, ay=-34, font=dict(size=12, color="#111827"))
+    roof_text = f"compute roof π = {fmt_rate(c.peak_flops, 'FLOP/s')}"
     fig.add_annotation(x=math.log10(c.ridge * 1.6), y=math.log10(c.peak_flops), xanchor="left", yanchor="bottom",
-                       text=f"compute roof π = {fmt_rate(c.peak_flops, 'FLOP/s')}", showarrow=False,
-                       font=dict(size=12, color="#374151"))
+                       text=roof_text, showarrow=False, font=dict(size=12, color="#374151"))
     slope_x = max(x_lo * 3, c.ridge / 40)
+    slope_text = f"bandwidth β = {fmt_rate(c.peak_bytes_per_s, 'B/s')}"
     fig.add_annotation(x=math.log10(slope_x), y=math.log10(c.attainable(slope_x)), xanchor="left", yanchor="bottom",
-                       text=f"bandwidth β = {fmt_rate(c.peak_bytes_per_s, 'B/s')}", showarrow=False, textangle=-28,
-                       font=dict(size=12, color="#374151"))
+                       text=slope_text, showarrow=False, textangle=-28, font=dict(size=12, color="#374151"))
+    spans = (x_lo, x_hi), (y_lo, y_hi)
+    ridge_text = f"ridge {c.ridge:.3g} FLOP/B"
+    dx = (math.log10(x_hi) - math.log10(x_lo)) / 780
+    dy = (math.log10(y_hi) - math.log10(y_lo)) / 430
+    obstacles = [_text_box(c.ridge * 1.6, c.peak_flops, roof_text, *spans),
+                 _text_box(slope_x, c.attainable(slope_x), slope_text, *spans, angle_deg=28),
+                 # the ridge marker and its label, 20 px left and 34 px above it
+                 (math.log10(c.ridge) - 9 * dx, math.log10(c.ridge) + 9 * dx,
+                  math.log10(c.peak_flops) - 9 * dy, math.log10(c.peak_flops) + 9 * dy),
+                 _text_box(c.ridge / 10 ** ((20 + 3.3 * len(ridge_text)) * dx), c.peak_flops * 10 ** (30 * dy),
+                           ridge_text, *spans)]
     fig.add_annotation(x=0.01, y=0.02, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
                        text="memory-bound", showarrow=False, font=dict(color="#0072B2", size=13))
     fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
@@ -119,18 +153,24 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     # story is about (linear layers, attention), to the left, where there is room.
     others_labelled = [p for p in earlier if p.family == "attention"
                        or (p.family == "linear" and p.name not in FAMILY_OF)]  # the summed "linear layers" point
-    items = [(p.intensity, p.flops_per_s, _label(p), True) for p in now]
-    items += [(p.intensity, p.flops_per_s, _label(p), False) for p in others_labelled]
-    positions = dict(zip([id(p) for p in now + others_labelled], place_labels(items, (x_lo, x_hi), (y_lo, y_hi))))
+    items = [(p.intensity, p.flops_per_s, point_label(p), True) for p in now]
+    items += [(p.intensity, p.flops_per_s, point_label(p), False) for p in others_labelled]
+    positions = dict(zip([id(p) for p in now + others_labelled], place_labels(items, (x_lo, x_hi), (y_lo, y_hi),
+                                                                                  obstacles=obstacles)))
     for phase in ("prefill", "mixed", "decode"):
         pts = [p for p in earlier if p.phase == phase]
         if not pts:
             continue
+        # The legend shows a trace's first symbol, which would make "other steps" look like one family: a
+        # marker-less proxy carries the legend entry (a faded circle), the real points stay out of it.
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=f"other {phase} steps (summed)",
+                        legendgroup=f"other-{phase}", hoverinfo="skip",
+                        marker=dict(size=11, color=PHASE_COLORS[phase], opacity=0.35, symbol="circle"))
         fig.add_scatter(
             x=[p.intensity for p in pts], y=[p.flops_per_s for p in pts], mode="markers+text",
-            name=f"other {phase} steps (summed)", legendgroup=f"other-{phase}",
-            text=[_label(p) if id(p) in positions else "" for p in pts],
-            textposition=[positions.get(id(p), "middle left") for p in pts],
+            name=f"other {phase} steps (summed)", legendgroup=f"other-{phase}", showlegend=False,
+            text=[point_label(p) if positions.get(id(p)) else "" for p in pts],
+            textposition=[positions.get(id(p)) or "middle left" for p in pts],
             textfont=dict(size=10, color=PHASE_COLORS[phase]),
             marker=dict(size=11, color=PHASE_COLORS[phase], opacity=0.35,
                         symbol=[FAMILY_SYMBOLS[p.family] for p in pts]),
@@ -145,18 +185,18 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
         color = PHASE_COLORS[pts[0].phase]
         fig.add_scatter(
             x=[p.intensity for p in pts], y=[p.flops_per_s for p in pts], mode="markers+text",
-            name=f"{FAMILY_NAMES[family]} (this step)", text=[_label(p) for p in pts],
-            textposition=[positions[id(p)] for p in pts], textfont=dict(size=11, color="#1F2937"),
+            name=f"{FAMILY_NAMES[family]} (this step)", text=[point_label(p) if positions[id(p)] else "" for p in pts],
+            textposition=[positions[id(p)] or "middle right" for p in pts], textfont=dict(size=11, color="#1F2937"),
             marker=dict(size=15, color=color, symbol=FAMILY_SYMBOLS[family], line=dict(color="#1F2937", width=1)),
             customdata=[[p.name, p.calls, p.seconds * 1e3, p.bytes_per_s, c.attainable(p.intensity)] for p in pts],
             hovertemplate="<b>%{customdata[0]}</b> × %{customdata[1]} calls, %{customdata[2]:.2f} ms"
                           "<br>I = %{x:.3g} FLOP/byte<br>achieved %{y:.3s}FLOP/s (%{customdata[3]:.3s}B/s)"
                           "<br>roof here: %{customdata[4]:.3s}FLOP/s<extra></extra>",
         )
-    fig.update_xaxes(type="log", range=[math.log10(x_lo), math.log10(x_hi)],
+    fig.update_xaxes(**log_axis(), range=[math.log10(x_lo), math.log10(x_hi)],
                      title_text="arithmetic intensity I = FLOPs / bytes moved  (FLOP per byte, log)")
-    fig.update_yaxes(type="log", range=[math.log10(y_lo), math.log10(y_hi)],
-                     title_text="achieved FLOP/s (log)")
+    fig.update_yaxes(**log_axis(si=True), range=[math.log10(y_lo), math.log10(y_hi)],
+                     title_text="achieved FLOP/s (log; M = 10⁶, G = 10⁹, T = 10¹²)")
     fig.update_layout(title=title, legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02),
                       margin=dict(r=10))
     return fig
@@ -200,31 +240,41 @@ def decode_calculator_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int
     fig.add_scatter(x=[batch], y=[batch / here.seconds(c)], mode="markers", showlegend=False,
                     marker=dict(size=14, color="#D55E00", line=dict(color="#111827", width=2)), row=1, col=2,
                     hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
-    fig.update_xaxes(type="log", title_text="batch size (sequences decoding together)")
-    fig.update_yaxes(type="log", title_text="FLOP per byte", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="output tokens per second", row=1, col=2)
+    fig.update_xaxes(**log_axis(), title_text="batch size (sequences decoding together)")
+    fig.update_yaxes(**log_axis(), title_text="FLOP per byte", row=1, col=1)
+    # Linear from zero: the curve's flattening is the lesson, and a log axis over a narrow range
+    # (a slow CPU's 60-140 tokens/s) had no labelled tick at all and made a small change look big.
+    fig.update_yaxes(rangemode="tozero", tickformat="~s", title_text="output tokens per second", row=1, col=2)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
                       margin=dict(b=110))
     return fig
 
 
+def _time_unit(seconds: list[float]) -> tuple[float, str]:
+    """Milliseconds, or seconds once the longest value passes 10 s (a CPU prefill of thousands of
+    tokens), so neither axis nor labels read '108529 ms'."""
+    return (1.0, "s") if max(seconds, default=0.0) > 10.0 else (1e3, "ms")
+
+
 def step_latency_chart(history: list[StepRecord], selected: int) -> go.Figure:
     """Forward time of every step so far, coloured by phase: the prefill step is the TTFT spike,
     the flat decode steps are the TPOT."""
+    scale, unit = _time_unit([r.wall_seconds for r in history])
     fig = go.Figure()
     for phase in ("prefill", "mixed", "decode", "idle"):
         recs = [r for r in history if step_phase(r) == phase]
         if not recs:
             continue
-        fig.add_bar(x=[r.step for r in recs], y=[r.wall_seconds * 1e3 for r in recs], name=phase,
+        fig.add_bar(x=[r.step for r in recs], y=[r.wall_seconds * scale for r in recs], name=phase,
                     marker=dict(color=PHASE_COLORS[phase],
                                 line=dict(color=["#111827" if r.step == selected else "rgba(0,0,0,0)" for r in recs],
                                           width=2.5)),
-                    customdata=[[r.num_prefill_tokens, r.num_decode_tokens] for r in recs],
-                    hovertemplate="step %{x}: %{y:.0f} ms<br>%{customdata[0]} prefill + %{customdata[1]} decode "
+                    customdata=[[r.num_prefill_tokens, r.num_decode_tokens, fmt_duration(r.wall_seconds)]
+                                for r in recs],
+                    hovertemplate="step %{x}: %{customdata[2]}<br>%{customdata[0]} prefill + %{customdata[1]} decode "
                                   "tokens<extra></extra>")
-    fig.update_layout(title="Time of every step so far", xaxis_title="engine step", yaxis_title="milliseconds",
-                      barmode="overlay", bargap=0.15)
+    fig.update_layout(title="Time of every step so far", xaxis_title="engine step",
+                      yaxis_title="seconds" if unit == "s" else "milliseconds", barmode="overlay", bargap=0.15)
     last = max((r.step for r in history), default=0)
     fig.update_xaxes(range=[-0.6, max(last, 7) + 0.6], dtick=1 if last <= 20 else None)
     return fig
@@ -236,20 +286,24 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("TTFT: arrival → first token", "TPOT: per later token"))
     ids = [q.request_id for q in reqs]
-    ttft = [q.ttft_seconds * 1e3 if q.ttft_seconds >= 0 else None for q in reqs]
-    tpot = [q.tpot_seconds * 1e3 if q.tpot_seconds >= 0 else None for q in reqs]
+    ttft_s = [q.ttft_seconds if q.ttft_seconds >= 0 else None for q in reqs]
+    tpot_s = [q.tpot_seconds if q.tpot_seconds >= 0 else None for q in reqs]
+    (s1, u1), (s2, u2) = (_time_unit([v for v in vals if v is not None]) for vals in (ttft_s, tpot_s))
+    ttft = [v * s1 if v is not None else None for v in ttft_s]
+    tpot = [v * s2 if v is not None else None for v in tpot_s]
     fig.add_bar(x=ids, y=ttft, marker_color=PHASE_COLORS["prefill"], name="TTFT", row=1, col=1,
-                text=[f"{v:.0f} ms" if v is not None else "" for v in ttft], textposition="outside",
+                text=[fmt_duration(v) if v is not None else "" for v in ttft_s], textposition="outside",
                 customdata=[q.prompt_len for q in reqs],
-                hovertemplate="%{x}: %{y:.0f} ms (prompt %{customdata} tokens)<extra></extra>")
+                hovertemplate="%{x}: %{text} (prompt %{customdata} tokens)<extra></extra>")
     fig.add_bar(x=ids, y=tpot, marker_color=PHASE_COLORS["decode"], name="TPOT", row=1, col=2,
-                text=[f"{v:.0f} ms" if v is not None else "" for v in tpot], textposition="outside",
+                text=[fmt_duration(v) if v is not None else "" for v in tpot_s], textposition="outside",
                 customdata=[q.output_len for q in reqs],
-                hovertemplate="%{x}: %{y:.1f} ms per token (%{customdata} generated)<extra></extra>")
+                hovertemplate="%{x}: %{text} per token (%{customdata} generated)<extra></extra>")
     top1 = max([v for v in ttft if v is not None] + [1])
     top2 = max([v for v in tpot if v is not None] + [1])
-    fig.update_yaxes(title_text="milliseconds", range=[0, top1 * 1.25], row=1, col=1)
-    fig.update_yaxes(title_text="milliseconds", range=[0, top2 * 1.25], row=1, col=2)
+    names = {"s": "seconds", "ms": "milliseconds"}
+    fig.update_yaxes(title_text=names[u1], range=[0, top1 * 1.25], row=1, col=1)
+    fig.update_yaxes(title_text=names[u2], range=[0, top2 * 1.25], row=1, col=2)
     if not any(v is not None for v in tpot):
         fig.add_annotation(x=0.5, y=0.5, xref="x2 domain", yref="y2 domain", showarrow=False,
                            text="needs two tokens:<br>step once more", font=dict(color=MUTED, size=13))

@@ -9,10 +9,12 @@ import torch
 
 from kernels.flash_trace import FlashTrace, flash_attention_tiled
 
-from app.analysis.flash_compare import AttentionMemory, MethodResult, compare_methods
+from app.analysis.flash_compare import (MATRIX_DTYPE, STATE_DTYPE, AttentionMemory, MethodResult, compare_methods,
+                                        largest_cpu_cache, memory_table)
 from app.analysis.flash_qkv import LayerQKV, layer_qkv
 from app.analysis.kv_math import human_bytes
-from app.charts.flash_tiles import method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.flash_tiles import future_tiles, method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.formatting import plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
 from app.state import page_cache
 from app.theme import show_figure
@@ -20,6 +22,10 @@ from app.widgets.explain import explanation
 
 PAGE = "flash"
 MAX_TOKENS = 1024
+ROW_KEY = "flash-row"
+ROW_N_KEY = "flash-row-n"  # the N the followed row was chosen for
+LAST_IDS_KEY = "flash-last-ids"  # the last prompt that had tokens: shown while the prompt box is empty
+SINK_SHARE = 0.3  # key 0 taking this much of an average row's weight is called an attention sink
 TILE_SIZES = [8, 16, 32, 64, 128]
 DEFAULT_PROMPT = (
     "FlashAttention computes exact attention without ever writing the full matrix of attention scores to "
@@ -77,6 +83,11 @@ def flash_explanation() -> None:
     )
 
 
+def _times(ratio: float) -> str:
+    """A ratio as '512×', '2.5×' or '0.5×': ',.0f' printed 0.5 as '0×'."""
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.2g}×"
+
+
 def _tokenize(prompt: str, chat: bool) -> list[int]:
     tok = shared_weights().tokenizer
     if chat:
@@ -84,7 +95,43 @@ def _tokenize(prompt: str, chat: bool) -> list[int]:
     return tok.encode(prompt)
 
 
-def settings_section() -> FlashSettings | None:
+def _prompt_ids(prompt: str, chat: bool) -> list[int]:
+    """The prompt's tokens (the first MAX_TOKENS); for an empty prompt the last prompt that had some (or the
+    default one), so every control and chart below stays on the page while the student types."""
+    if str(prompt).strip():
+        ids = _tokenize(str(prompt), chat)
+        if len(ids) > MAX_TOKENS:
+            st.warning(f"The prompt has {len(ids):,} tokens; this page uses the first {MAX_TOKENS:,}.",
+                       icon=":material/content_cut:")
+            ids = ids[:MAX_TOKENS]
+        st.session_state[LAST_IDS_KEY] = ids
+        return ids
+    ids = st.session_state.get(LAST_IDS_KEY) or _tokenize(DEFAULT_PROMPT, True)
+    st.error(f"Type a prompt: FlashAttention needs at least one token. Until then the page shows the last "
+             f"prompt ({plural(len(ids), 'token')}).", icon=":material/error:")
+    return ids
+
+
+def _follow_last_row_on_new_length(n: int) -> None:
+    """A prompt of a new length follows its last row (it sees every K tile of its Q tile: the most to
+    watch); a row picked for this length stays. Without the reset, row 0 picked on a 1-token prompt was
+    still followed on a 1024-token one, a single point on a flat chart."""
+    if st.session_state.get(ROW_N_KEY) != n or not 0 <= st.session_state.get(ROW_KEY, -1) < n:
+        st.session_state[ROW_KEY] = n - 1
+    st.session_state[ROW_N_KEY] = n
+
+
+def _row_control(n: int, container) -> int:  # noqa: ANN001 (a Streamlit column)
+    help_text = "Its running max and sum are traced tile by tile; a new prompt length follows its last row"
+    if n == 1:  # a slider needs two ends: show the only row, disabled, so the control keeps its place
+        container.number_input("Query row to follow", 0, 0, 0, disabled=True, key="flash-row-only",
+                               help=help_text)
+        return 0
+    _follow_last_row_on_new_length(n)
+    return int(container.slider("Query row to follow", 0, n - 1, key=ROW_KEY, help=help_text))
+
+
+def settings_section() -> FlashSettings:
     cfg = shared_weights().config
     with st.form("flash-prompt-form", border=False):
         c = st.columns([5, 1], vertical_alignment="bottom")
@@ -92,13 +139,7 @@ def settings_section() -> FlashSettings | None:
                                 key="flash-prompt")
         chat = c[1].checkbox("chat template", True, key="flash-chat")
         c[1].form_submit_button("Use this prompt", icon=":material/play_arrow:", type="primary")
-    if not str(prompt).strip():
-        st.error("Type a prompt: FlashAttention needs at least one token.", icon=":material/error:")
-        return None
-    ids = _tokenize(str(prompt), bool(chat))
-    if len(ids) > MAX_TOKENS:
-        st.warning(f"The prompt has {len(ids)} tokens; this page uses the first {MAX_TOKENS}.", icon=":material/content_cut:")
-        ids = ids[:MAX_TOKENS]
+    ids = _prompt_ids(str(prompt), bool(chat))
     n = len(ids)
     c = st.columns([1.2, 1, 1, 1, 2.2, 1.2])
     layer = c[0].slider("Layer", 0, cfg.num_layers - 1, 3, key="flash-layer")
@@ -107,14 +148,12 @@ def settings_section() -> FlashSettings | None:
                                f"(head h reads KV head h // {cfg.num_heads // cfg.num_kv_heads})")
     block_m = c[2].selectbox("Q tile (BLOCK_M)", TILE_SIZES, index=1, key="flash-bm")
     block_n = c[3].selectbox("K tile (BLOCK_N)", TILE_SIZES, index=1, key="flash-bn")
-    if not 0 <= st.session_state.get("flash-row", -1) < n:
-        st.session_state["flash-row"] = n - 1  # first visit, or a shorter prompt: follow the last row
-    row = c[4].slider("Query row to follow", 0, max(n - 1, 1), key="flash-row", disabled=n == 1,
-                      help="Its running max and sum are traced tile by tile") if n > 1 else 0
+    row = _row_control(n, c[4])
     show = c[5].radio("Heatmap", ["probabilities", "scores"], key="flash-show")
-    st.caption(f"{n} tokens → N = {n} query rows and N keys per head. The real H200 kernel uses 64 × 64 tiles "
-               "(bench/kernels.py); small tiles here make the grid readable.")
-    return FlashSettings(tuple(ids), int(layer), int(head), int(block_m), int(block_n), int(row), str(show))
+    st.caption(f"{plural(n, 'token')} → N = {n:,} query {'row' if n == 1 else 'rows'} and {plural(n, 'key')} "
+               "per head. The real H200 kernel uses 64 × 64 tiles (bench/kernels.py); small tiles here make the "
+               "grid readable.")
+    return FlashSettings(tuple(ids), int(layer), int(head), int(block_m), int(block_n), row, str(show))
 
 
 def _cached(key: tuple, build):  # noqa: ANN001, ANN202
@@ -159,8 +198,10 @@ def tiles_section(s: FlashSettings, trace: FlashTrace, scores: torch.Tensor) -> 
     m[0].metric("Tile pairs", f"{total}", help=f"{trace.num_q_tiles} Q tiles × {trace.num_k_tiles} K tiles")
     m[1].metric("Computed without a mask", trace.count("full"))
     m[2].metric("Diagonal (masked)", trace.count("diagonal"))
+    # A share, not a change: without delta_arrow="off" st.metric drew an ↑ in front of it.
     m[3].metric("Skipped by causality", trace.count("skipped"),
-                delta=f"{trace.count('skipped') / total:.0%} of the grid never loaded", delta_color="off")
+                delta=f"{trace.count('skipped') / total:.0%} of the grid never loaded", delta_color="off",
+                delta_arrow="off")
     computed = sum(t.scores for t in trace.tiles)
     m[4].metric("Scores computed", f"{computed / trace.seq_len ** 2:.0%} of N²",
                 help=f"{computed:,} of {trace.seq_len ** 2:,}; the exact causal half is "
@@ -173,49 +214,107 @@ def tiles_section(s: FlashSettings, trace: FlashTrace, scores: torch.Tensor) -> 
         show_figure(tile_grid(trace), key="flash-grid", height=480)
     with right:
         show_figure(online_softmax_chart(trace, exact_m, exact_l), key="flash-online", height=480)
-    last = trace.row_steps[-1]
-    rescales = sum(1 for r in trace.row_steps[1:] if r.rescale < 1)
-    st.caption(f"Row {s.row} visits {len(trace.row_steps)} K tiles; its max grew (forcing a rescale) "
-               f"{rescales} time{'s' if rescales != 1 else ''}. After the last tile: m = {last.m:.4f}, "
-               f"l = {last.l:.4f}; computed from the whole row at once: max = {exact_m:.4f}, "
-               f"Σ exp(s − max) = {exact_l:.4f}.")
+    st.caption(row_caption(s, trace, exact_m, exact_l))
+
+
+def _tile_span(tiles: list[int]) -> str:
+    return f"tile {tiles[0]}" if len(tiles) == 1 else f"tiles {tiles[0]}–{tiles[-1]}"
+
+
+def row_caption(s: FlashSettings, trace: FlashTrace, exact_m: float, exact_l: float) -> str:
+    """What the online-softmax chart shows for the followed row, including the cases where it has little to
+    show (one K tile, or only one with keys this row can see) and what its grey band is."""
+    steps = trace.row_steps
+    last = steps[-1]
+    seen = [r.k_tile for r in steps if r.visible_keys]
+    rescales = sum(1 for r in steps[1:] if r.rescale < 1)
+    text = (f"Row {s.row} visits {plural(len(steps), 'K tile')}; its max grew (forcing a rescale) "
+            f"{plural(rescales, 'time')}. After the last tile: m = {last.m:.4f}, l = {last.l:.4f}; computed from "
+            f"the whole row at once: max = {exact_m:.4f}, Σ exp(s − max) = {exact_l:.4f}.")
+    future = future_tiles(trace)
+    if future:
+        text += (f" Grey: K {_tile_span(future)} lie wholly in row {s.row}'s future; its Q tile still loads them "
+                 "for its later rows, but they add nothing to this row's m or l.")
+    if len(seen) == 1:
+        text += (f" Row {s.row} sees keys in a single K tile, so its max is set once and never rescaled: pick a "
+                 "later row, a smaller K tile or a longer prompt to watch the max grow.")
+    return text
+
+
+def memory_frame(n: int, heads: int) -> pd.DataFrame:
+    rows = []
+    for mem in memory_table(n, heads):
+        # Short headers: the table shares half the page with the heatmap, and long ones pushed the last
+        # column out of view.
+        rows.append({"N": f"{mem.seq_len:,}" + (" (this prompt)" if mem.seq_len == n else ""),
+                     "naive S + P": human_bytes(mem.naive_bytes),
+                     "FA2 m, l": human_bytes(mem.flash_state_bytes),
+                     "naive, 1 head": human_bytes(mem.naive_bytes / heads)})
+    return pd.DataFrame(rows)
+
+
+def matrix_caption(s: FlashSettings, probs: torch.Tensor) -> str:
+    """The followed row's strongest key, an attention sink only where the data has one, and how to read the
+    colours of the mode shown ("bright first columns" described probabilities even in scores mode)."""
+    tok = shared_weights().tokenizer
+    strongest = int(probs[s.row, : s.row + 1].argmax())
+    p = float(probs[s.row, strongest])
+    text = (f"Row {s.row} (token “{tok.decode_token(s.token_ids[s.row])}”) puts most weight on key {strongest} "
+            f"(“{tok.decode_token(s.token_ids[strongest])}”, p = {p:.2f})." if p >= 0.01 else
+            f"Row {s.row} (token “{tok.decode_token(s.token_ids[s.row])}”) spreads its weight thinly: its largest "
+            f"probability, on key {strongest} (“{tok.decode_token(s.token_ids[strongest])}”), is {p:.1e}.")
+    sink = float(probs[1:, 0].mean()) if probs.shape[0] > 1 else 0.0  # row 0 has only key 0 to look at
+    if s.show == "probabilities":
+        if sink >= SINK_SHARE:
+            text += f" Key 0 takes {sink:.0%} of an average row's weight: an attention sink, the bright first column."
+        text += " Colour is log₁₀ P: yellow holds the weight, dark purple almost none (below 10⁻⁴ shows as −4)."
+    else:
+        if sink >= SINK_SHARE:
+            text += f" Key 0 takes {sink:.0%} of an average row's weight (an attention sink)."
+        text += (" Colour is the raw score S: red above 0, blue below. The softmax weighs each score only against "
+                 "its row's max, so switch to probabilities to see where the weight goes.")
+    return text
 
 
 def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: torch.Tensor,
                    probs: torch.Tensor) -> None:
     st.subheader("The N × N matrix FlashAttention never writes")
-    cfg = shared_weights().config
+    heads = shared_weights().config.num_heads
     n = qkv.seq_len
     left, right = st.columns([1.25, 1])
     with left:
         show_figure(score_matrix(probs, scores, trace, s.show), key="flash-matrix", height=560)
     with right:
-        here = AttentionMemory(n, cfg.num_heads, 4)
+        here = AttentionMemory(n, heads)  # the same record as the table's "this prompt" row
         c = st.columns(2)
-        c[0].metric("Naive: S for this layer (fp32)", human_bytes(here.naive_scores_bytes),
-                    help=f"{cfg.num_heads} heads × {n}² × 4 bytes, and the probabilities P again")
-        c[1].metric("FA2: m and l for this layer", human_bytes(here.flash_state_bytes),
-                    help=f"{cfg.num_heads} heads × {n} rows × 2 numbers × 4 bytes")
-        st.metric("Ratio", f"{here.naive_scores_bytes / here.flash_state_bytes:,.0f}×",
-                  help="= N / 2: grows linearly with the sequence")
-        rows = []
-        for length in (n, 4096, 32768, 131072):
-            mem = AttentionMemory(length, cfg.num_heads, 2)
-            # Short headers: the table shares half the page with the heatmap, and long ones pushed the last
-            # column out of view.
-            rows.append({"N": f"{length:,}" + (" (this prompt)" if length == n else ""),
-                         "naive S": human_bytes(mem.naive_scores_bytes),
-                         "FA2 m, l": human_bytes(mem.flash_state_bytes),
-                         "naive, 1 head": human_bytes(mem.naive_scores_bytes / cfg.num_heads)})
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-        st.caption(f"Per layer ({cfg.num_heads} heads) in bf16. Naive attention writes S to HBM, reads it back "
-                   "for the softmax, writes P, and reads P for the PV matmul: Θ(N²) traffic per head. FA2 computes "
-                   "each S tile in SRAM and throws it away; its HBM traffic is Q, K, V and O (Θ(N·d)).")
-        strongest = int(probs[s.row, : s.row + 1].argmax())
-        tok = shared_weights().tokenizer
-        st.caption(f"Row {s.row} (token “{tok.decode_token(s.token_ids[s.row])}”) puts most weight on key "
-                   f"{strongest} (“{tok.decode_token(s.token_ids[strongest])}”, p = "
-                   f"{float(probs[s.row, strongest]):.2f}). Bright first columns are attention sinks.")
+        c[0].metric(f"Naive: S and P for this layer ({MATRIX_DTYPE})", human_bytes(here.naive_bytes),
+                    help=f"2 matrices (S, then P) × {heads} heads × {n}² × {here.elem} bytes")
+        c[1].metric(f"FA2: m and l for this layer ({STATE_DTYPE})", human_bytes(here.flash_state_bytes),
+                    help=f"{heads} heads × {n} rows × 2 numbers × {here.state_elem} bytes")
+        st.metric("Ratio", _times(here.ratio),
+                  help="(2 × N² numbers) / (2 × N numbers) = N: grows linearly with the sequence")
+        st.dataframe(memory_frame(n, heads), hide_index=True, width="stretch")
+        st.caption(f"Per layer ({heads} heads). S and P in {MATRIX_DTYPE}, the dtype the naive row below "
+                   f"materialises them in (bf16 would halve them); m and l in {STATE_DTYPE}, as FA2 keeps them "
+                   "whatever the input dtype. Naive attention writes S to HBM, reads it back for the softmax, "
+                   "writes P, and reads P for the PV matmul: Θ(N²) traffic per head. FA2 computes each S tile in "
+                   "SRAM and throws it away; its HBM traffic is Q, K, V and O (Θ(N·d)).")
+        st.caption(matrix_caption(s, probs))
+
+
+def cache_sentence(n: int, heads: int) -> str:
+    """How this prompt's naive S and P compare with the CPU's largest cache: a fixed "at a few hundred tokens
+    the matrix fits in the caches" stood next to the tens of MiB the page itself showed at N = 1024."""
+    mem = AttentionMemory(n, heads)
+    size = f"Naive attention's S and P take {human_bytes(mem.naive_bytes)} for this layer at N = {n:,}"
+    cache = largest_cpu_cache()
+    if cache is None:
+        return size + "."
+    if mem.naive_bytes <= cache.bytes:
+        return (f"{size}, within this CPU's {human_bytes(cache.bytes)} L{cache.level} cache, so materialising "
+                "them costs little here.")
+    return (f"{size}, more than this CPU's {human_bytes(cache.bytes)} L{cache.level} cache, so they stream through "
+            "main memory.")
 
 
 def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
@@ -239,13 +338,15 @@ def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
                             "writes N×N": "yes" if r.materialises_scores else "no",
                             "what runs": r.error or r.what} for r in results]).set_index("method"))
     gpu = torch.device(device()).type == "cuda"
+    heads = int(qkv.q.shape[1])
+    long_n = AttentionMemory(32768, heads)
     st.caption(
-        f"All heads of layer {s.layer}, N = {qkv.seq_len}; the reference is naive attention in float64. "
+        f"All heads of layer {s.layer}, N = {qkv.seq_len:,}; the reference is naive attention in float64. "
         "The tiled row is an **instrumented Python re-enactment** of FA2 for teaching: one Python loop iteration "
         "per tile pair, so it is slow; it shows the algorithm, not its speed. "
         + ("The **Triton kernel** rows are the real FA2 kernel the engine runs on this GPU." if gpu else
            "The real FA2 kernel is the Triton kernel the engine runs on CUDA (`kernels/prefill_attention_triton.py`); "
            "this server has no GPU, so the engine runs the torch reference path, which is what the "
-           "“engine attention path” row times. At a few hundred tokens the whole N × N matrix fits in "
-           "the CPU's caches, so materialising it costs little here; FlashAttention's win is the HBM traffic it saves on a GPU at long N "
-           "(the table above: gigabytes per layer at 32k tokens)."))
+           f"“engine attention path” row times. {cache_sentence(qkv.seq_len, heads)} FlashAttention's win is the "
+           f"HBM traffic it saves on a GPU at long N (the table above: {human_bytes(long_n.naive_bytes)} of S and "
+           "P per layer at 32k tokens)."))

@@ -11,17 +11,18 @@ from engine.config import EngineConfig, ModelConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.trace import StepRecord
-from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, measure_ceilings
+from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, ceilings_for, measure_ceilings, memory_capacity
 
 from app.analysis.kernel_paths import (PATHS, expected_steps, first_difference, run_paths, runnable_paths,
                                        summary_rows)
-from app.analysis.roofline_math import (attention_decode_intensity, crossing_batch, decode_step, family_points,
+from app.analysis.roofline_math import (above_roof, attention_decode_intensity, crossing_batch, decode_step, family_points,
                                         phase_points,
                                         flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
                                         unplottable_kernels)
 from app.charts.kernel_paths import kernel_path_chart
-from app.charts.roofline import (decode_calculator_chart, fmt_rate, request_latency_chart, roofline_chart,
-                                 step_latency_chart)
+from app.formatting import fmt_duration
+from app.charts.roofline import (decode_calculator_chart, fmt_rate, point_label, request_latency_chart,
+                                 roofline_chart, step_latency_chart)
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec, Scenario
 from app.session import EngineSession
@@ -74,6 +75,9 @@ ROOFLINE_SCENARIOS: list[Scenario] = [
 ]
 
 _CEILINGS_KEY = "roofline-ceilings"
+_CEILINGS_AT_KEY = "roofline-ceilings-at"
+# A kernel more than this far above the roof means the ceilings were measured on a busy machine.
+_ABOVE_ROOF = 1.1
 
 
 def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
@@ -135,9 +139,10 @@ def ceilings_section(device: str) -> Ceilings:
     if st.session_state.get(_CEILINGS_KEY) is None:
         with st.spinner("Measuring this machine's ceilings (a matmul and a large copy)…"):
             st.session_state[_CEILINGS_KEY] = ceilings_for(dev)
+            st.session_state[_CEILINGS_AT_KEY] = _measured_at(dev)
     c: Ceilings = st.session_state[_CEILINGS_KEY]
     with st.container(border=True):
-        st.markdown("##### :material/speed: This machine's two ceilings, measured when the app started")
+        st.markdown("##### :material/speed: This machine's two ceilings")
         m = st.columns([1, 1, 1, 1.1])
         m[0].metric("Peak compute π", fmt_rate(c.peak_flops, "FLOP/s"), help=f"dense {c.dtype} matmul")
         m[1].metric("Memory bandwidth β", fmt_rate(c.peak_bytes_per_s, "B/s"), help="large copy, read + write")
@@ -146,9 +151,10 @@ def ceilings_section(device: str) -> Ceilings:
         if m[3].button("Measure again", icon=":material/refresh:", key="roofline-remeasure",
                        help="The machine is shared: re-measure if the numbers look off"):
             st.session_state[_CEILINGS_KEY] = measure_ceilings(dev, fresh=True)
+            st.session_state[_CEILINGS_AT_KEY] = f", re-measured at {time.strftime('%H:%M:%S')}"
             st.rerun()
-        st.caption(f"Source: {c.source}. Measured, never datasheet figures: a roofline only means something "
-                   "against the ceilings of the machine the kernels ran on.")
+        st.caption(f"Source: {c.source}{st.session_state.get(_CEILINGS_AT_KEY) or ''}. Measured, never datasheet "
+                   "figures: a roofline only means something against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
             rows = [{"GPU": ref.name, "what": what, "measured": value}
                     for ref in REFERENCE_CEILINGS.values() for what, value in ref.notes] + _reference_kernel_paths()
@@ -157,6 +163,14 @@ def ceilings_section(device: str) -> Ceilings:
             st.caption(f"H200 ridge: {h.ridge:.0f} FLOP/byte at bf16, so a bf16 decode step needs a batch in the "
                        "hundreds before its linear layers stop being memory-bound (see the calculator below).")
     return c
+
+
+def _measured_at(dev: torch.device) -> str:
+    """Where the ceilings shown came from, for the caption: a table lookup or a measurement (the one
+    this server process made when the page was first opened, shared by every visitor)."""
+    if not st.session_state[_CEILINGS_KEY].source.startswith("measured"):
+        return ""
+    return " (once per server process, when this page was first opened)"
 
 
 def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) -> None:
@@ -185,6 +199,13 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
         st.info("This step timed no kernels with FLOPs (nothing ran, or the decode ran as one CUDA graph replay).")
         return
     show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=560)
+    above = above_roof(now + others, c, _ABOVE_ROOF)  # faded steps too: any point over the roof disproves it
+    if above:
+        worst = above[0]
+        st.warning(f"**{point_label(worst)}** ran at {fmt_rate(worst.flops_per_s, 'FLOP/s')}, "
+                   f"{worst.flops_per_s / c.attainable(worst.intensity):.1f}× what the roof allows at its intensity. "
+                   "No kernel can beat a true ceiling, so these were measured while the machine was busy with "
+                   "something else (it is shared): press **Measure again** above.", icon=":material/warning:")
     if session.engine is not None and session.engine.device.type == "cuda":
         st.info("A 135M-parameter model is far too small to fill this GPU: each kernel runs for microseconds, so "
                 "per-call costs (Python, the launch, the timing events) dominate and the markers sit one to three "
@@ -207,9 +228,9 @@ def latency_section(session: EngineSession, record: StepRecord, history: list[St
     tpots = [q.tpot_seconds for q in record.requests if q.tpot_seconds >= 0]
     m = st.columns(4)
     m[0].metric("Requests with a first token", f"{len(reqs)} / {len(record.requests)}")
-    m[1].metric("Mean TTFT", f"{sum(q.ttft_seconds for q in reqs) / len(reqs) * 1e3:.0f} ms" if reqs else "–",
+    m[1].metric("Mean TTFT", fmt_duration(sum(q.ttft_seconds for q in reqs) / len(reqs)) if reqs else "–",
                 help="engine clock from arrival to the first token: the prefill (and any queueing)")
-    m[2].metric("Mean TPOT", f"{sum(tpots) / len(tpots) * 1e3:.0f} ms" if tpots else "–",
+    m[2].metric("Mean TPOT", fmt_duration(sum(tpots) / len(tpots)) if tpots else "–",
                 help="mean time between later tokens: the decode steps")
     decode_steps = [r.wall_seconds for r in history if step_phase(r) == "decode"]
     prefill_steps = [r.wall_seconds for r in history if step_phase(r) in ("prefill", "mixed")]
@@ -237,9 +258,10 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
     default = "fp32 (4 B)" if server_elem == 4 else "bf16 (2 B)"
     elem = dtypes[k[2].radio("Weights and KV", list(dtypes), index=list(dtypes).index(default),
                              key="roofline-calc-dtype")]
-    options = {"this machine (measured)": c}
-    options.update({f"{name} (table)": ref.ceilings for name, ref in REFERENCE_CEILINGS.items()})
-    chosen = options[k[3].radio("Ceilings", list(options), key="roofline-calc-device")]
+    options = {"this machine (measured)": (c, memory_capacity(server_engine_settings()["device"]))}
+    options.update({f"{name} (table)": (ref.ceilings, ref.memory_bytes) for name, ref in REFERENCE_CEILINGS.items()})
+    label = k[3].radio("Ceilings", list(options), key="roofline-calc-device")
+    chosen, capacity = options[label]
     step = decode_step(cfg, batch, context, elem)
     cross = crossing_batch(cfg, elem, chosen.ridge)
     lin = linear_intensity(cfg, batch, elem)
@@ -250,19 +272,48 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
                   help=f"B × (2 × {matmul_params(cfg) / 1e6:.1f}M params + attention over the context) = "
                        f"{batch} × {fmt_rate(flops_per_token(cfg, context), 'FLOP')}")
     top[1].metric("Bytes per decode step", fmt_rate(step.bytes, "B"),
-                  help=f"weights {fmt_rate(step.weight_bytes, 'B')} + KV {fmt_rate(step.kv_bytes, 'B')}")
+                  help=f"weights {fmt_rate(step.weight_bytes, 'B')} + KV {fmt_rate(step.kv_bytes, 'B')} + "
+                       f"activations {fmt_rate(step.activation_bytes, 'B')}")
     top[2].metric("Linear-layer intensity (FLOP/B)", f"{lin:.3g}",
                   delta=f"ridge {chosen.ridge:.3g}: {'compute' if lin >= chosen.ridge else 'memory'}-bound",
                   delta_color="off", delta_arrow="up" if lin >= chosen.ridge else "down")
     bottom[0].metric("Linear layers cross the ridge at", f"B = {cross}" if cross else "never",
                      help="counting the activation bytes too, so a little above ridge × e / 2")
-    bottom[1].metric("Predicted step time", f"{t * 1e3:.3g} ms",
-                     help=f"max(FLOPs/π, bytes/β); {step.bound(chosen)} as a whole step")
+    whole_bound = step.bound(chosen)
+    bottom[1].metric("Predicted step time", f"{t * 1e3:.3g} ms", delta=f"whole step {whole_bound}", delta_color="off",
+                     delta_arrow="up" if whole_bound == "compute-bound" else "down",
+                     help="max(FLOPs/π, bytes/β): the linear layers alone can be compute-bound while the KV "
+                          "read keeps the whole step memory-bound")
     bottom[2].metric("Predicted output tokens/s", f"{batch / t:,.0f}", help="B tokens per step ÷ the step time")
+    resident = step.weight_bytes + step.kv_bytes
+    if capacity and resident > capacity:
+        where = label.removesuffix(" (table)").removesuffix(" (measured)")
+        st.warning(f"This batch does not fit: the weights and {batch} × {context:,} cached tokens of KV need "
+                   f"{fmt_rate(resident, 'B')}, and {where} has {fmt_rate(capacity, 'B')} of memory. A server would "
+                   f"cap the batch near {_batch_that_fits(cfg, context, elem, capacity):,} at this context, or "
+                   "preempt requests; the prediction below assumes the memory were there.",
+                   icon=":material/memory:")
     show_figure(decode_calculator_chart(cfg, elem, chosen, batch, context), key="roofline-calc", height=460)
-    st.caption("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
-               f"{linear_intensity(cfg, 256, elem):.0f} FLOP/B at L = 256 and {linear_intensity(cfg, 2048, elem):.0f} "
-               "at L = 2048, already at or past the ridge, which is why prefill is compute-bound and decode is not.")
+    st.caption(_prefill_caption(cfg, elem, chosen, cross))
+
+
+def _batch_that_fits(cfg: ModelConfig, context: int, elem: int, capacity: float) -> int:
+    """The largest batch whose weights and KV at `context` tokens fit in `capacity` bytes."""
+    one = decode_step(cfg, 1, context, elem)
+    return max(0, int((capacity - one.weight_bytes) // max(one.kv_bytes, 1)))
+
+
+def _prefill_caption(cfg: ModelConfig, elem: int, c: Ceilings, cross: int | None) -> str:
+    """Prefill against decode with the chosen ceilings: the same matmuls, rows from the prompt instead
+    of from the batch, so the prompt length where prefill turns compute-bound is the same number."""
+    at256, at2048 = linear_intensity(cfg, 256, elem), linear_intensity(cfg, 2048, elem)
+    head = ("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
+            f"{at256:.0f} FLOP/B at L = 256 and {at2048:.0f} at L = 2048, against a ridge of {c.ridge:.3g}. ")
+    if cross is None:
+        return head + "With these ceilings even long prompts stay memory-bound: the weights are too small to reuse enough."
+    return head + (f"So a prompt of {cross:,} tokens or more is compute-bound, while decode needs {cross:,} sequences "
+                   "in one batch for the same: prefill gets its rows from the prompt for free, decode has to batch "
+                   "them, which is why prefill is compute-bound and decode is not.")
 
 
 def kernel_paths_section(session: EngineSession) -> None:
@@ -284,19 +335,26 @@ def kernel_paths_section(session: EngineSession) -> None:
         run=lambda progress: run_paths(session.scenario, shared_weights(), server, runnable, RUN_TO_END_LIMIT, progress),
         errors_of=lambda rs: [f"{r.path.label}: {r.error}" for r in rs if r.error])
     if missing:
-        st.info(f"This server has no CUDA GPU: only the {runnable[0].label} run here ({len(missing)} of the "
-                f"{len(PATHS)} paths, {', '.join(f'“{p.label}”' for p in missing)}, need one). What every path "
-                "measured on a GPU, also in the reference table under this machine's ceilings:", icon=":material/info:")
+        needs = " and ".join(f"“{p.label}”" for p in missing)
+        st.info(f"This server has no CUDA GPU, so only the {runnable[0].label} run here; {needs} "
+                f"need{'s' if len(missing) == 1 else ''} one. What all {len(PATHS)} paths measured on a GPU (also in "
+                "the reference table under this machine's ceilings):", icon=":material/info:")
         st.dataframe(pd.DataFrame(_reference_kernel_paths()), hide_index=True, width="stretch")
     if not runs:
         return
     show_figure(kernel_path_chart(runs), key="roofline-paths", height=130 + 85 * len(runs))
     st.dataframe(pd.DataFrame(summary_rows(runs)), hide_index=True, width="stretch")
+    if len(runs) < 2:
+        st.caption("One kernel path ran here, so there are no tokens to compare and no launch overhead to remove: "
+                   "the GPU's figures are in the table above.")
+        return
     differs = first_difference(runs)
+    graphs_ran = any(r.path.key == "graphs" for r in runs)
     st.caption(("Every path produced the same tokens for every request. " if not differs else
                 f"Not every path produced the same tokens ({differs}): the kernels round differently, and in "
                 "bfloat16 a near-tie between two tokens can go either way. ")
-               + "A CUDA graph's first replay at a new batch size includes capturing it: that step sits apart.")
+               + ("A CUDA graph's first replay at a new batch size includes capturing it: that step sits apart."
+                  if graphs_ran else ""))
 
 
 def _reference_kernel_paths() -> list[dict[str, str]]:

@@ -44,6 +44,13 @@ def _set_playing(page: str, value: bool) -> None:
     st.session_state[_keys(page)["playing"]] = value
 
 
+def _pause(session: EngineSession, page: str) -> None:
+    # A Pause click can interrupt a tick between its engine step and its follow_latest, which left the
+    # view one step behind the records ("3 steps recorded" showing step 1): point it at the newest.
+    _set_playing(page, False)
+    follow_latest(session, page)
+
+
 def engine_controls(session: EngineSession, page: str) -> None:
     k = _keys(page)
     st.session_state.setdefault(k["playing"], False)
@@ -59,8 +66,8 @@ def engine_controls(session: EngineSession, page: str) -> None:
                    help="Run one real engine iteration on the model")
     cols[1].button("Play", key=f"{page}-btn-play", icon=":material/play_arrow:", on_click=_set_playing,
                    args=(page, True), disabled=not session.has_work or playing, width="stretch")
-    cols[2].button("Pause", key=f"{page}-btn-pause", icon=":material/pause:", on_click=_set_playing,
-                   args=(page, False), disabled=not playing, width="stretch")
+    cols[2].button("Pause", key=f"{page}-btn-pause", icon=":material/pause:", on_click=_pause,
+                   args=(session, page), disabled=not playing, width="stretch")
     cols[3].button("Reset", key=f"{page}-btn-reset", icon=":material/restart_alt:", on_click=_reset,
                    args=(session, page), width="stretch",
                    help="New engine, same scenario: the timeline starts again from step 0")

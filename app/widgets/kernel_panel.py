@@ -6,6 +6,7 @@ import streamlit as st
 from engine.trace import StepRecord
 
 from app.charts.kernels import kernel_bar, kernel_table
+from app.formatting import fmt_duration, plural
 from app.theme import show_figure
 
 
@@ -14,26 +15,25 @@ def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = F
         if record is None or not record.kernels:
             st.caption("No kernels ran yet: step the engine first.")
             return
-        total_ms = sum(k.seconds for k in record.kernels) * 1e3
-        st.caption(f"Step {record.step} on **{record.backend}**: {record.num_batched_tokens} tokens, "
-                   f"wall {record.wall_seconds * 1e3:.0f} ms, forward {record.forward_seconds * 1e3:.0f} ms, "
-                   f"timed kernels {total_ms:.0f} ms. FLOP and byte counts are per call from the shapes; "
+        total = sum(k.seconds for k in record.kernels)
+        st.caption(f"Step {record.step} on **{record.backend}**: {plural(record.num_batched_tokens, 'token')}, "
+                   f"wall {fmt_duration(record.wall_seconds)}, forward {fmt_duration(record.forward_seconds)}, "
+                   f"timed kernels {fmt_duration(total)}. FLOP and byte counts are per call from the shapes; "
                    "GFLOP/s and GB/s are those counts over the measured time.")
-        left, right = st.columns([1.1, 1])
-        with left:
-            show_figure(kernel_bar(record.kernels, record.step), key=f"{page}-kernels", height=360,
-                        export_width=800)
-        with right:
-            st.dataframe(
-                kernel_table(record.kernels), hide_index=True, height=360,
-                column_config={
-                    "kernel": st.column_config.TextColumn("kernel", width="medium"),
-                    "backend": st.column_config.TextColumn("backend", width="small"),
-                    "calls": st.column_config.NumberColumn("calls", width="small"),
-                    "ms": st.column_config.NumberColumn("ms", format="%.2f", width="small"),
-                    "GFLOP/s": st.column_config.NumberColumn("GFLOP/s", format="%.1f", width="small"),
-                    "GB/s": st.column_config.NumberColumn("GB/s", format="%.2f", width="small"),
-                    "% of kernels": st.column_config.ProgressColumn("share", format="%.0f%%", width="small",
-                                                                    min_value=0, max_value=100),
-                },
-            )
+        # Stacked, each full width: side by side in half a page the table's last columns were cut off.
+        show_figure(kernel_bar(record.kernels, record.step), key=f"{page}-kernels", height=360)
+        st.dataframe(
+            kernel_table(record.kernels), hide_index=True, width="stretch",
+            column_config={
+                "kernel": st.column_config.TextColumn("kernel", width="medium"),
+                "backend": st.column_config.TextColumn("backend", width="small"),
+                "calls": st.column_config.NumberColumn("calls", width="small"),
+                # Three significant figures: a microsecond kernel is not "0.00 ms", an elementwise
+                # kernel's 0.04 GFLOP/s is not "0.0".
+                "ms": st.column_config.NumberColumn("ms", format="%.3g", width="small"),
+                "GFLOP/s": st.column_config.NumberColumn("GFLOP/s", format="%.3g", width="small"),
+                "GB/s": st.column_config.NumberColumn("GB/s", format="%.3g", width="small"),
+                "% of kernels": st.column_config.ProgressColumn("share", format="%.0f%%", width="small",
+                                                                min_value=0, max_value=100),
+            },
+        )

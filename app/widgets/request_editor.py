@@ -16,7 +16,7 @@ import streamlit as st
 from engine.config import DRAFTERS, EngineConfig
 
 from app.scenarios import RequestSpec, Scenario, ScenarioError, parse_request, scenario_from_json
-from app.session import EngineSession, SessionError
+from app.session import EngineSession
 from app.widgets.controls import follow_latest
 
 COLUMNS = ["prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
@@ -48,11 +48,14 @@ def requests_frame(requests: tuple[RequestSpec, ...]) -> pd.DataFrame:
         d = r.to_dict()
         d["stop"] = d["stop"][0] if d["stop"] else ""
         rows.append({c: d[c] for c in COLUMNS})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    # Nullable integers: a column of unset seeds is empty cells, not the word "None" (object dtype).
+    df["seed"] = df["seed"].astype("Int64")
+    return df
 
 
 def _clean(value: Any) -> Any:
-    if value is None:
+    if value is None or value is pd.NA:
         return None
     if isinstance(value, float) and math.isnan(value):
         return None
@@ -141,7 +144,7 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                     "temperature": st.column_config.NumberColumn("temperature", min_value=0.0, max_value=5.0, step=0.1),
                     "top_k": st.column_config.NumberColumn("top_k", min_value=0, step=1),
                     "top_p": st.column_config.NumberColumn("top_p", min_value=0.01, max_value=1.0, step=0.05),
-                    "seed": st.column_config.NumberColumn("seed", step=1),
+                    "seed": st.column_config.NumberColumn("seed", step=1, help="empty: a fresh random seed"),
                     "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
                     "stop": st.column_config.TextColumn("stop string"),
                 },
@@ -214,14 +217,14 @@ def _live_add(session: EngineSession, page: str) -> None:
             go = st.form_submit_button(f"Add (arrives at step {session.engine.step_index})")
         if go:
             if not str(prompt).strip():
-                session.errors.append(SessionError("Request not added: the prompt must not be empty"))
+                session.report("Request not added: the prompt must not be empty")
             else:
                 try:
                     spec = RequestSpec(str(prompt), max_tokens=int(max_tokens), temperature=float(temperature),
                                        n=int(n), ignore_eos=True)
                     spec.sampling_params()
                 except ValueError as e:
-                    session.errors.append(SessionError(f"Request not added: {e}"))
+                    session.report(f"Request not added: {e}")
                 else:
                     session.add_live_request(spec)
             st.rerun()

@@ -16,7 +16,12 @@ def timeline_scrubber(session: EngineSession, page: str) -> StepRecord | None:
     key = f"{page}-scrub"
     n = len(session.records)
     if n == 0:
-        st.info("Press **Step** (or **Play**) to run the first engine iteration on the model.", icon=":material/info:")
+        if session.has_work:
+            st.info("Press **Step** (or **Play**) to run the first engine iteration on the model.",
+                    icon=":material/info:")
+        else:  # Step and Play are disabled: say what would enable them instead
+            st.info("No request is queued, so there is nothing to step: add one with **Add a request now**, or pick "
+                    "or edit a scenario under **Scenario and requests**.", icon=":material/info:")
         return None
     if n == 1:
         st.session_state[key] = 0

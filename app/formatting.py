@@ -1,0 +1,23 @@
+"""Numbers as a lecturer reads them off a projector: durations in the unit that fits, counts with
+their noun in the right number."""
+from __future__ import annotations
+
+
+def fmt_duration(seconds: float) -> str:
+    """'12 µs', '0.45 ms', '38 ms', '1.9 s', '1 min 48 s': three significant figures at most, never
+    '0.0 ms' for a kernel that took microseconds nor '108529 ms' for a prefill that took minutes."""
+    if seconds < 0:
+        return "–"
+    if seconds < 1e-4:
+        return f"{seconds * 1e6:.3g} µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds < 60.0:
+        return f"{seconds:.3g} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 token', '2 tokens' (pass `many` for irregular plurals)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"

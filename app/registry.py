@@ -38,7 +38,7 @@ HOME = PageSpec("Home", "", "What InferScope is and what is live.", ":material/h
 
 PAGES: tuple[PageSpec, ...] = (
     PageSpec("KV cache", "Memory and attention",
-             "2 × layers × KV heads × head dim × bytes per token, live: the cache growing, MHA/GQA/MQA, "
+             "2 × layers × KV heads × head dim × bytes per number for every token, live: the cache growing, MHA/GQA/MQA, "
              "long-context sizing, and decoding with vs without the cache timed on the model.",
              ":material/database:", "pages/01_kv_cache.py", "kv-cache"),
     PageSpec("Attention roofline", "Memory and attention",

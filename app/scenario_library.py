@@ -75,8 +75,8 @@ CONTINUOUS_BATCHING: list[Scenario] = [
     ),
     Scenario(
         name="Small KV pool: preemption",
-        description="Three requests that cannot all fit in a 14-block pool: the latest arrival is preempted "
-                    "(its blocks freed) and recomputed when memory frees up.",
+        description="Three requests that cannot all fit in a 14-block pool: when the pool runs out, the running "
+                    "request admitted last is preempted (its blocks freed) and recomputed when memory frees up.",
         engine={"block_size": 8, "num_blocks": 14, "max_num_seqs": 8, "max_model_len": 128},
         requests=(
             RequestSpec("Describe a rainy day.", max_tokens=30, ignore_eos=True),

@@ -158,3 +158,38 @@ def test_calculator_warns_when_the_batch_does_not_fit(monkeypatch: pytest.Monkey
     assert "memory-bound" in str(metrics["Predicted step time"].proto.delta)
     at.select_slider(key="roofline-calc-batch").set_value(8).run()
     assert "This batch does not fit" not in " ".join(w.value for w in at.warning)
+
+
+def test_side_by_side_runs_take_turns_going_first() -> None:
+    """Whichever run steps first in a round was measured slower (the progress update competes with it):
+    the order rotates, so over an even number of rounds each run goes first equally often."""
+    from app.analysis.side_by_side import step_alternately
+
+    log: list[str] = []
+
+    class Fake:
+        def __init__(self, name: str, steps: int) -> None:
+            self.name, self.left = name, steps
+
+        @property
+        def has_work(self) -> bool:
+            return self.left > 0
+
+        def step(self) -> None:
+            if self.left > 0:
+                log.append(self.name)
+                self.left -= 1
+
+    step_alternately({"a": Fake("a", 4), "b": Fake("b", 4)}, max_steps=10)  # type: ignore[arg-type]
+    assert log == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_batch_chart_labels_whole_tokens(random_weights) -> None:  # noqa: ANN001
+    from app.charts.batching import batch_at_step
+
+    engine = LLMEngine(EngineConfig(num_blocks=16, max_model_len=128), random_weights)
+    engine.add_request(list(range(100, 110)), SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.step()
+    decode = engine.step()  # one token for the one sequence
+    fig = batch_at_step(decode, [q.request_id for q in decode.requests])
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.tick0 == 0

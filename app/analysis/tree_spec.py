@@ -6,6 +6,7 @@ scenario. Round format: "kind": "tree" rounds of the "spec" extra (engine/specul
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
 from app.analysis.speculative import DrafterRun, run_variants
+from app.formatting import plural
 from app.scenarios import Scenario
 
 ROOT = -1  # the root's node id in the graph (the request's last sampled token)
@@ -73,9 +75,9 @@ def round_sentence(r: dict[str, Any]) -> str:
            else final + (" drawn from what the rejected children left" if r["mode"] == "sampled"
                          else " (the target's argmax, which no child had)"))
     return (f"**{r['request_id']}** ({r['mode']}): a tree of **{n} nodes, depth {depth}** verified in one pass of "
-            f"{n + 1} rows. Accepted path: {path} ({a} token{'s' * (a != 1)}), then {how} → **{a + 1} tokens "
+            f"{n + 1} rows. Accepted path: {path} ({a} token{'s' * (a != 1)}), then {how} → **{plural(a + 1, 'token')} "
             f"from one target pass**; {n - a} of the {n} node slots rolled back"
-            + (f", {len(r['kv_moves'])} accepted slot(s) moved next to the context." if r["kv_moves"] else "."))
+            + (f", {plural(len(r['kv_moves']), 'accepted slot')} moved next to the context." if r["kv_moves"] else "."))
 
 
 # ---- over steps ----------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
         return f"No training log for {name} (train it with `python -m training.train_{name}`)."
     d, s = log["data"], log["summary"]
     acc = {k: v for k, v in s.items() if k.startswith("held_out_top1") or k == "held_out_agree_top1"}
-    acc_text = ", ".join(f"{k.removeprefix('held_out_')} {v:.0%}" for k, v in acc.items())
+    acc_text = ", ".join(f"{_accuracy_label(k)} {v:.0%}" for k, v in acc.items())
     steps = s.get("steps_total", s["steps"])
     tokens = s.get("tokens_seen_total", s["tokens_seen"])
     minutes = s.get("train_minutes_total", s["train_minutes"])
@@ -184,11 +186,25 @@ def training_summary(name: str, directory: Path = HEADS_DIR) -> str:
         unrolled = (f" The last run trained on its own predictions, unrolled {len(depths)} levels deep as drafting "
                     f"uses it (EAGLE-3's training-time test); held-out top-1 at tree depth 1 to {len(depths)}: "
                     + " / ".join(f"{v:.0%}" for v in depths) + ".")
-    return (f"Self-distilled on **{d['conversations']} conversations** the model answered itself ({d['prompt_tokens']:,} "
-            f"prompt + {d['generated_tokens']:,} generated tokens, {d['decoding']}): **{steps} optimiser steps**, "
-            f"{tokens:,} tokens seen, {minutes} min on this CPU{resumed}. Held-out "
-            f"({d.get('held_out_conversations', '?')} conversations) top-1 agreement with the target: {acc_text}."
+    held = d.get("held_out_conversations")
+    return (f"Self-distilled on **{d['conversations']:,} conversations** the model answered itself "
+            f"({d['prompt_tokens']:,} prompt + {d['generated_tokens']:,} generated tokens, {d['decoding']}): "
+            f"**{steps:,} optimiser steps**, {tokens:,} tokens seen, {minutes} min on this CPU{resumed}. "
+            f"Agreement with the target on held-out conversations{f' ({held:,})' if held else ''}: {acc_text}."
             + unrolled)
+
+
+def _accuracy_label(key: str) -> str:
+    """'held_out_top1_head0' -> 'head 1 top-1', 'held_out_top3' -> 'top-3', 'held_out_agree_top1' ->
+    'top-1 (agree)': the log's keys, in words a slide can carry."""
+    m = re.fullmatch(r"held_out_(agree_)?top(\d+)(?:_head(\d+))?", key)
+    if not m:
+        return key.removeprefix("held_out_")
+    agree, k, head = m.groups()
+    text = f"top-{k}"
+    if head is not None:
+        text = f"head {int(head) + 1} {text}"
+    return text + (" (agree)" if agree else "")
 
 
 # ---- Medusa vs EAGLE vs plain on one scenario -----------------------------------------------------

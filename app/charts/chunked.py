@@ -95,7 +95,7 @@ def compare_gaps_figure(runs: dict[str, ChunkRun], order: list[str]) -> go.Figur
     """Time between tokens under both policies, side by side on the same y axis."""
     keys = list(runs)
     fig = make_subplots(rows=1, cols=len(keys), shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[f"{runs[k].label} (budget {runs[k].budget})" for k in keys])
+                        subplot_titles=[f"{runs[k].label}, budget {runs[k].budget}" for k in keys])
     for i, k in enumerate(keys, start=1):
         records = list(runs[k].records)
         _gap_traces(fig, token_gaps(records), order, row=1, col=i, show_legend=i == 1)

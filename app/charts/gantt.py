@@ -29,13 +29,15 @@ def gantt(records: list[StepRecord], order: list[str] | None = None, selected: i
             hovertemplate="%{y}: " + status + " from step %{customdata[0]} to %{customdata[1]}<extra></extra>",
         )
     arrivals = {q.request_id: q.arrival_step for q in records[-1].requests} if records else {}
-    fig.add_scatter(x=[arrivals[i] - 0.5 for i in ids if i in arrivals], y=[i for i in ids if i in arrivals],
+    arriving = [i for i in ids if i in arrivals]
+    fig.add_scatter(x=[arrivals[i] - 0.5 for i in arriving], y=arriving, customdata=[arrivals[i] for i in arriving],
                     mode="markers", name="arrives", marker=dict(symbol="triangle-right", size=12, color="#111827"),
-                    hovertemplate="%{y} arrives at step %{x:.0f}<extra></extra>")
+                    hovertemplate="%{y} arrives at step %{customdata}<extra></extra>")
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     last = max_step if max_step is not None else (records[-1].step if records else 0)
     fig.update_layout(title=title, barmode="overlay", xaxis_title="engine step", bargap=0.25)
-    fig.update_xaxes(range=[-1, last + 1], **step_ticks(last + 1))
+    # Steps start at 0: a range from -1 put a "-1" tick under the arrival markers at -0.5.
+    fig.update_xaxes(range=[-0.75, last + 0.75], **step_ticks(last + 1))
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(ids)))
     return fig

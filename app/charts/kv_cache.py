@@ -134,7 +134,7 @@ def cache_timing(t: CacheTiming) -> go.Figure:
         fit = _trend(idx, ys)
         if fit:
             line, slope = fit
-            fig.add_scatter(x=idx[1:], y=line, mode="lines", name=f"trend {slope:+.1f} ms per token",
+            fig.add_scatter(x=idx[1:], y=line, mode="lines", name=f"trend {slope:+.2g} ms per token",
                             line=dict(color=color, width=3, dash="dash"), hoverinfo="skip", row=1, col=1)
     typical = float(np.percentile(t.without_cache_ms, 90)) if t.without_cache_ms else 1.0
     clipped = sum(1 for y in (*t.with_cache_ms, *t.without_cache_ms) if y > typical * 1.6)

@@ -91,7 +91,7 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
                      f"{snapshot['num_tokens']} tokens cached")
         elif d["ghost"]:
             text = decode(d["tokens"]) if decode else ""
-            label = (f"<b>✕ evicted</b> (last used t{d['last_access_step']})<br>{_two_lines(text, limit)}<br>"
+            label = (f"<b>✕ evicted</b> (last used at step {d['last_access_step']})<br>{_two_lines(text, limit)}<br>"
                      f"{blocks} blk")
             hover = (f"evicted in step {step}: {blocks} blocks ({d['freed_blocks']} freed), "
                      f"last used step {d['last_access_step']}")
@@ -99,7 +99,7 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
             who = owners.get(d["id"], [])
             lock = f"<b>locked ×{d['lock_ref']}</b>" if d["lock_ref"] else "unlocked"
             label = (f"{_two_lines(d['text'], limit)}<br>{blocks} blk = {len(d['tokens'])} tok · {lock} · "
-                     f"last used t{d['last_access_step']}")
+                     f"last used at step {d['last_access_step']}")
             hover = (f"node {d['id']}: {len(d['tokens'])} tokens = {blocks} blocks of {bs} "
                      f"(physical {list(d['blocks'])[:8]}{'…' if blocks > 8 else ''})<br>"
                      f"lock_ref {d['lock_ref']}" + (f" (path of {', '.join(who)})" if who else "") +

@@ -167,7 +167,10 @@ def time_split_figure(series: list[SpecPoint], selected: int | None = None) -> g
 
 
 def closed_form_figure(alpha: float, gamma: int, c: float, measured_tpp: float | None = None,
-                       measured_speedup: float | None = None, max_gamma: int = 10) -> go.Figure:
+                       measured_speedup: float | None = None, max_gamma: int = 10,
+                       alpha_source: str = "measured") -> go.Figure:
+    """`alpha_source` names where α came from in the legend: "measured", "assumed" (no round yet) or
+    "chosen" (the slider moved away from the measured value)."""
     gammas = list(range(0, max_gamma + 1))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.09,
                         subplot_titles=["E[tokens per target pass] vs γ", f"predicted speedup vs γ (c = {c:.2g})"])
@@ -182,7 +185,7 @@ def closed_form_figure(alpha: float, gamma: int, c: float, measured_tpp: float |
             fig.add_annotation(x=max_gamma, y=f(max_gamma), text=f"α={a}", showarrow=False, xanchor="left",
                                font=dict(size=11, color=MUTED), row=1, col=col)
     fig.add_scatter(x=gammas, y=[expected_tokens_per_pass(alpha, g) for g in gammas], mode="lines",
-                    line=dict(color=BONUS, width=3.5), name=f"closed form at measured α = {alpha:.2f}", row=1, col=1,
+                    line=dict(color=BONUS, width=3.5), name=f"closed form at {alpha_source} α = {alpha:.2f}", row=1, col=1,
                     hovertemplate="γ = %{x}: %{y:.2f} tokens per pass<extra></extra>")
     fig.add_scatter(x=gammas, y=[predicted_speedup(alpha, g, c) for g in gammas], mode="lines",
                     line=dict(color=BONUS, width=3.5), showlegend=False, row=1, col=2,

@@ -31,7 +31,8 @@ def batching_explanation() -> None:
          "A decode step is memory-bound: reading the weights costs about the same for 1 or 8 sequences, so a "
          "fuller batch gives more tokens per second almost for free.",
          "In the Gantt, orange is prefill (the prompt), blue is decode, red is preempted: when the KV pool runs "
-         "out, the latest arrival loses its blocks and is recomputed later.",
+         "out, the running request admitted last loses its blocks and is recomputed later (a request still "
+         "waiting holds no blocks to give, so it just keeps waiting).",
          "Static batching admits a new batch only when the whole previous batch has finished: short requests "
          "wait for the longest one, and the batch empties out as requests finish."],
     )

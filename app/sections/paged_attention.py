@@ -61,9 +61,11 @@ def pool_section(session: EngineSession, record: StepRecord, history: list[StepR
     c[0].metric("Blocks used", f"{pool.used_blocks} / {pool.num_blocks}")
     c[1].metric("Free list", pool.free_blocks)
     c[2].metric("Shared blocks (ref > 1)", sum(1 for r in pool.ref_counts if r > 1))
-    c[3].metric("Paged waste", f"{100 * pool.paged_waste_fraction:.1f}%",
+    # With nothing allocated (every request finished) waste is undefined, not 0 %.
+    c[3].metric("Paged waste", f"{100 * pool.paged_waste_fraction:.1f}%" if pool.allocated_tokens else "–",
                 help=f"{pool.internal_waste_tokens} empty slots in {pool.allocated_tokens} allocated")
-    c[4].metric("Contiguous waste", f"{100 * pool.contiguous_waste_fraction:.1f}%",
+    c[4].metric("Contiguous waste",
+                f"{100 * pool.contiguous_waste_fraction:.1f}%" if pool.contiguous_reserved_tokens else "–",
                 help=f"{pool.contiguous_waste_tokens} of {pool.contiguous_reserved_tokens} slots if each live "
                      "sequence reserved max_model_len")
     highlight = cow_callout(history, record)

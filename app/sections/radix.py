@@ -77,6 +77,11 @@ def tree_section(session: EngineSession, record: StepRecord) -> None:
     st.caption("Node label: its tokens' text, start … end (<s> / </s> = ChatML's im_start / im_end, ⏎ = "
                "newline) · blocks and tokens · locks (running requests whose path goes through it) · step of its "
                "last access. Hover a node for its physical blocks and full text.")
+    bs = session.engine.config.block_size if session.engine is not None else None
+    if bs:
+        st.caption(f"The tree shares whole KV blocks of {bs} tokens: where two prompts part in the middle of a "
+                   "block, that block cannot be shared, so sibling leaves can start with the same few words. Their "
+                   "common whole blocks sit in the parent.")
 
 
 def history_section(session: EngineSession, record: StepRecord, history: list[StepRecord]) -> None:

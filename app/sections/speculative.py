@@ -11,6 +11,7 @@ from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compa
                                       round_sentence, spec_series, speedup_vs_plain, step_rounds, step_skipped)
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
+from app.formatting import fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -99,7 +100,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                 help="decode tokens emitted / decode passes per request (plain decoding: 1.00)")
     tot_d = sum(p.draft_seconds for p in series)
     tot_v = sum(p.verify_seconds for p in series)
-    m[3].metric("Draft / verify time", f"{tot_d * 1e3:.0f} / {tot_v * 1e3:.0f} ms",
+    m[3].metric("Draft / verify time", f"{fmt_duration(tot_d)} / {fmt_duration(tot_v)}",
                 help="summed over the steps so far")
     m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}",
                 help=f"tokens emitted / speculative rounds verified; wall {record.wall_seconds * 1e3:.0f} ms")
@@ -144,16 +145,19 @@ def closed_form_section(session: EngineSession, history: list[StepRecord], page:
     c_live = measured_c(history)
     c_bench = bench_c(bench, cfg.spec_drafter)
     options = [o for o, v in (("measured in this run", c_live), ("from the benchmark", c_bench)) if v is not None]
-    gamma = current_gamma(history, cfg.spec_gamma)
+    # The engine's γ: the last round of a request can draft fewer (capped by its max_tokens), which made the
+    # prediction jump to "γ = 3" after Run to end in a γ = 4 scenario.
+    gamma = cfg.spec_gamma if cfg.spec_gamma > 0 else current_gamma(history, cfg.spec_gamma)
     left, right = st.columns([1, 2.6], vertical_alignment="top")
     with left:
         alpha_src = "measured"
         if alpha is None:
             alpha_src = "assumed (no round yet)"
             alpha = 0.7
-        alpha = st.slider("α (override to explore)", 0.0, 0.99, float(round(min(alpha, 0.99), 2)), 0.01,
-                          key=f"{page}-alpha-{round(alpha, 2)}",
+        start = float(round(min(alpha, 0.99), 2))
+        alpha = st.slider("α (override to explore)", 0.0, 0.99, start, 0.01, key=f"{page}-alpha-{round(alpha, 2)}",
                           help=f"starts at the {alpha_src} α of this run up to the selected step")
+        legend_src = "assumed" if alpha_src != "measured" else ("chosen" if abs(alpha - start) > 0.005 else "measured")
         if options:
             src = st.radio("c (draft cost / target pass cost)", options, key=f"{page}-c-src")
             c = c_live if src == "measured in this run" and c_live is not None else (c_bench or 0.0)
@@ -167,17 +171,20 @@ def closed_form_section(session: EngineSession, history: list[StepRecord], page:
                    "The verify time here includes the 1 + γ rows of the pass, so it is a little above a plain "
                    "decode pass (the benchmark's v).")
         st.metric(f"Predicted at γ = {gamma}", f"{expected_tokens_per_pass(alpha, gamma):.2f} tok/pass",
-                  delta=f"{predicted_speedup(alpha, gamma, c):.2f}× speedup", delta_color="off")
+                  delta=f"{predicted_speedup(alpha, gamma, c):.2f}× speedup", delta_color="off",
+                  delta_arrow="off")
     with right:
         stored = page_cache(page).get("compare")
         measured_sp = None
         if stored and stored[0] == session.scenario.to_json() and cfg.spec_drafter in stored[1]:
             measured_sp = speedup_vs_plain(stored[1], cfg.spec_drafter)
         show_figure(closed_form_figure(alpha, gamma, c, last.tokens_per_pass if last and last.rounds else None,
-                                       measured_sp), key=f"{page}-closed-form", height=430, export_width=1000)
+                                       measured_sp, alpha_source=legend_src),
+                    key=f"{page}-closed-form", height=430, export_width=1000)
     st.caption("The measured tokens per pass (◆) sits below the curve when lookup found no match (plain "
                "passes of 1 token) or when α is not the same for every draft; the measured speedup (◇, from the "
-               "drafter comparison below) sits below the predicted one because the verification pass is not free.")
+               "drafter comparison below) usually sits below the predicted one because the verification pass is "
+               "not free, and moves with this shared machine's load from run to run.")
 
 
 def bench_section() -> None:
@@ -196,7 +203,7 @@ def bench_section() -> None:
         st.dataframe(df, hide_index=True, width="stretch", column_config={
             c: st.column_config.NumberColumn(c, format="%.2f") for c in
             ("α", "tokens/pass measured", "tokens/pass predicted", "speedup measured", "speedup predicted",
-             "predicted with measured v")} | {"c": st.column_config.NumberColumn("c", format="%.4f")})
+             "predicted with measured v")} | {"c": st.column_config.NumberColumn("c", format="%.3g")})
 
 
 def compare_section(session: EngineSession, page: str) -> None:
@@ -224,7 +231,8 @@ def compare_section(session: EngineSession, page: str) -> None:
         same = dict(r.texts) == plain_texts
         col.metric(r.label, f"{sp:.2f}×" if sp else "–",
                    delta=None if k == "plain" else f"α {r.alpha:.2f} · {r.tokens_per_pass:.2f} tok/pass"
-                   if r.alpha is not None else f"{r.tokens_per_pass:.2f} tok/pass", delta_color="off",
+                   if r.alpha is not None else f"{r.tokens_per_pass:.2f} tok/pass",
+                   delta_color="off", delta_arrow="off",
                    help=f"decode time per token {r.decode_seconds_per_token * 1e3:.0f} ms; "
                         f"{len(r.records)} steps" if r.decode_seconds_per_token else None)
         if k != "plain":

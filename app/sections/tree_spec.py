@@ -11,6 +11,7 @@ from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tok
                                     training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
                                    tree_mask_figure, verify_cost_figure)
+from app.formatting import fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -95,7 +96,7 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
     m[2].metric("Rounds", len(points))
     tot_d = sum(p.draft_seconds for p in points)
     tot_v = sum(p.verify_seconds for p in points)
-    m[3].metric("Draft / verify time", f"{tot_d * 1e3:.0f} / {tot_v * 1e3:.0f} ms", help="summed over rounds so far")
+    m[3].metric("Draft / verify time", f"{fmt_duration(tot_d)} / {fmt_duration(tot_v)}", help="summed over rounds so far")
     m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(tree_rounds(record))}")
     if cfg.spec_drafter not in TREE_DRAFTERS:
         st.info("Plain decoding or a chain drafter: pick Medusa or EAGLE above to see draft trees.",
@@ -214,7 +215,7 @@ def compare_section(session: EngineSession, page: str) -> None:
     for col, (k, r) in zip(cols, runs.items()):
         sp = speedup_vs_plain(runs, k)
         col.metric(r.label, f"{sp:.2f}×" if sp else "–", delta=f"{r.tokens_per_pass:.2f} tok/pass",
-                   delta_color="off")
+                   delta_color="off", delta_arrow="off")
         if k != "plain":
             greedy = all(s.temperature == 0 for s in session.scenario.requests)
             col.caption(("same text as plain decoding ✓" if dict(r.texts) == plain_texts else "text differs from plain")

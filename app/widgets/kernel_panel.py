@@ -22,17 +22,21 @@ def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = F
                    "GFLOP/s and GB/s are those counts over the measured time.")
         # Stacked, each full width: side by side in half a page the table's last columns were cut off.
         show_figure(kernel_bar(record.kernels, record.step), key=f"{page}-kernels", height=360)
+        table = kernel_table(record.kernels)
+        # Rates as text: a kernel with no FLOPs (embedding, a copy) is "–", where a number column shows "None".
+        for col in ("GFLOP/s", "GB/s"):
+            table[col] = [f"{v:.3g}" if v == v and v is not None else "–" for v in table[col]]
         st.dataframe(
-            kernel_table(record.kernels), hide_index=True, width="stretch",
+            table, hide_index=True, width="stretch",
             column_config={
                 "kernel": st.column_config.TextColumn("kernel", width="medium"),
                 "backend": st.column_config.TextColumn("backend", width="small"),
                 "calls": st.column_config.NumberColumn("calls", width="small"),
                 # Three significant figures: a microsecond kernel is not "0.00 ms", an elementwise
-                # kernel's 0.04 GFLOP/s is not "0.0".
+                # kernel's 0.04 GFLOP/s is not "0.0" (the rates are formatted above).
                 "ms": st.column_config.NumberColumn("ms", format="%.3g", width="small"),
-                "GFLOP/s": st.column_config.NumberColumn("GFLOP/s", format="%.3g", width="small"),
-                "GB/s": st.column_config.NumberColumn("GB/s", format="%.3g", width="small"),
+                "GFLOP/s": st.column_config.TextColumn("GFLOP/s", width="small"),
+                "GB/s": st.column_config.TextColumn("GB/s", width="small"),
                 "% of kernels": st.column_config.ProgressColumn("share", format="%.0f%%", width="small",
                                                                 min_value=0, max_value=100),
             },

@@ -6,6 +6,8 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
+from app.formatting import fmt_duration
+
 
 def request_state_table(record: StepRecord, bytes_per_token: int | None = None) -> None:
     rows = []
@@ -14,10 +16,9 @@ def request_state_table(record: StepRecord, bytes_per_token: int | None = None) 
                "generated": q.output_len, "in cache": q.num_computed_tokens}
         if bytes_per_token:
             row["KV KiB"] = q.num_computed_tokens * bytes_per_token / 1024 if q.status != "finished" else 0.0
-        row.update({"preempted": q.num_preemptions, "TTFT ms": q.ttft_seconds * 1e3 if q.ttft_seconds >= 0 else None,
+        row.update({"preempted": q.num_preemptions, "TTFT": fmt_duration(q.ttft_seconds) if q.ttft_seconds >= 0 else "–",
                     "text so far": q.text})
         rows.append(row)
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={"KV KiB": st.column_config.NumberColumn(format="%.0f"),
-                                "TTFT ms": st.column_config.NumberColumn(format="%.0f"),
                                 "text so far": st.column_config.TextColumn(width="large")})

@@ -52,5 +52,6 @@ def cache_token_strip(session: EngineSession, record: StepRecord, key: str) -> N
         st.caption(f"{label} has finished: its blocks went back to the free list, so nothing of it is cached.")
         return
     st.markdown(_CSS + f'<div class="kv-strip">{"".join(chips)}</div>', unsafe_allow_html=True)
-    st.caption(f"{cached} tokens cached for {label} ({state.prompt_len} prompt, grey; generated, blue); "
+    generated = max(cached - state.prompt_len, 0)
+    st.caption(f"{cached} tokens cached for {label} ({state.prompt_len} prompt, grey; {generated} generated, blue); "
                f"orange = written by step {record.step}; dashed = the newest token, which the next step will cache.")

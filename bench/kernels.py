@@ -243,6 +243,27 @@ def make_decode_set(B, L, gen, sequential: bool = False, page: int = BS):
     return {"q": q, "kc": kc, "vc": vc, "tables": tables}
 
 
+def contiguous_sets(B: int, L: int, n_sets: int, gen) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """n_sets (q [B, HQ, 1, D], k and v [B, HKV, L, D]) decode inputs on a contiguous cache."""
+    return [(torch.randn(B, HQ, 1, D, device="cuda", dtype=DT, generator=gen),
+             torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen),
+             torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen)) for _ in range(n_sets)]
+
+
+def sdpa_variants(B: int, expand: bool = True) -> dict:
+    """The ways SDPA can run GQA decode on `contiguous_sets` inputs (the fastest is the reference)."""
+    g = HQ // HKV
+    variants = {
+        "gqa": lambda c: F.scaled_dot_product_attention(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
+        # GQA without copying K/V: the 3 query heads of a group become 3 query rows.
+        "grouped": lambda c: F.scaled_dot_product_attention(c[0].view(B, HKV, g, D), c[1], c[2], scale=SCALE),
+    }
+    if expand:
+        variants["expand"] = lambda c: F.scaled_dot_product_attention(
+            c[0], c[1].repeat_interleave(g, 1), c[2].repeat_interleave(g, 1), scale=SCALE)
+    return variants
+
+
 def decode_bench(gen, seq_lens_list, B, copy_tbps, sweep_at) -> tuple[list[dict], list[dict]]:
     rows, sweep = [], []
     qsl = torch.arange(B + 1, dtype=torch.int32, device="cuda")
@@ -286,17 +307,8 @@ def decode_bench(gen, seq_lens_list, B, copy_tbps, sweep_at) -> tuple[list[dict]
         torch.cuda.empty_cache()
 
         # SDPA on a contiguous cache [B, Hkv, L, D] (its own rotating sets)
-        csets = [(torch.randn(B, HQ, 1, D, device="cuda", dtype=DT, generator=gen),
-                  torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen),
-                  torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen)) for _ in range(n_sets)]
-        g = HQ // HKV
-        variants = {
-            "gqa": lambda c: F.scaled_dot_product_attention(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
-            # GQA without copying K/V: the 3 query heads of a group become 3 query rows.
-            "grouped": lambda c: F.scaled_dot_product_attention(c[0].view(B, HKV, g, D), c[1], c[2], scale=SCALE),
-            "expand": lambda c: F.scaled_dot_product_attention(
-                c[0], c[1].repeat_interleave(g, 1), c[2].repeat_interleave(g, 1), scale=SCALE),
-        }
+        csets = contiguous_sets(B, L, n_sets, gen)
+        variants = sdpa_variants(B)
         sd = {}
         for name, fn in variants.items():
             try:

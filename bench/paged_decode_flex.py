@@ -28,8 +28,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (D, DT, HKV, HQ, SCALE, bench, bench_graph, clocks_up, decode_kv_bytes,  # noqa: E402
-                           make_decode_set, rel, rotating_sets)
+from bench.kernels import (D, DT, HKV, HQ, SCALE, bench, bench_graph, clocks_up, contiguous_sets,  # noqa: E402
+                           decode_kv_bytes, make_decode_set, rel, rotating_sets, sdpa_variants)
 from bench.results_io import write_results  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
@@ -119,14 +119,8 @@ def main() -> None:
         del s0
         torch.cuda.empty_cache()
 
-        csets = [(torch.randn(B, HQ, 1, D, device="cuda", dtype=DT, generator=gen),
-                  torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen),
-                  torch.randn(B, HKV, L, D, device="cuda", dtype=DT, generator=gen)) for _ in range(n_sets)]
-        g = HQ // HKV
-        sdpa = {
-            "gqa": lambda c: F.scaled_dot_product_attention(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
-            "grouped": lambda c: F.scaled_dot_product_attention(c[0].view(B, HKV, g, D), c[1], c[2], scale=SCALE),
-        }
+        csets = contiguous_sets(B, L, n_sets, gen)
+        sdpa = sdpa_variants(B, expand=False)
         row["sdpa_ms"] = min(timed([lambda c=c, fn=fn: fn(c) for c in csets])[0] for fn in sdpa.values())
         row["ours_again_ms"], _ = timed(ours)
         del ours, sets

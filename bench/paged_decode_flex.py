@@ -124,23 +124,16 @@ def main() -> None:
         row["sdpa_ms"] = min(timed([lambda c=c, fn=fn: fn(c) for c in csets])[0] for fn in sdpa.values())
         row["ours_again_ms"], _ = timed(ours)
         del ours, sets
-        try:
-            c = csets[0]
-            row["flex_contiguous_rel_err"] = rel(flex(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
-                                                 sdpa["gqa"]((c[0].float(), c[1].float(), c[2].float())))
-            row["flex_contiguous_ms"], row["flex_contiguous_timing"] = timed(
-                [lambda c=c: flex(c[0], c[1], c[2], scale=SCALE, enable_gqa=True) for c in csets])
-        except Exception as exc:  # noqa: BLE001 - record why, keep the other columns
-            row["flex_contiguous_error"] = repr(exc)[:400]
-        if args.autotune:
+        compiled = {"flex_contiguous": flex, **({"flex_tuned": flex_tuned} if args.autotune else {})}
+        for key, fn in compiled.items():
             try:
                 c = csets[0]
-                row["flex_tuned_rel_err"] = rel(flex_tuned(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
-                                                sdpa["gqa"]((c[0].float(), c[1].float(), c[2].float())))
-                row["flex_tuned_ms"], row["flex_tuned_timing"] = timed(
-                    [lambda c=c: flex_tuned(c[0], c[1], c[2], scale=SCALE, enable_gqa=True) for c in csets])
-            except Exception as exc:  # noqa: BLE001
-                row["flex_tuned_error"] = repr(exc)[:400]
+                row[f"{key}_rel_err"] = rel(fn(c[0], c[1], c[2], scale=SCALE, enable_gqa=True),
+                                            sdpa["gqa"]((c[0].float(), c[1].float(), c[2].float())))
+                row[f"{key}_ms"], row[f"{key}_timing"] = timed(
+                    [lambda c=c, fn=fn: fn(c[0], c[1], c[2], scale=SCALE, enable_gqa=True) for c in csets])
+            except Exception as exc:  # noqa: BLE001 - record why, keep the other columns
+                row[f"{key}_error"] = repr(exc)[:400]
         del csets
         torch.cuda.empty_cache()
 

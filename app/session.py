@@ -115,6 +115,11 @@ class EngineSession:
         if all(e.message != message for e in self.errors):
             self.errors.append(SessionError(message, details))
 
+    def clear_input_errors(self) -> None:
+        """Forget messages about bad input (the student has moved on); keep unexpected failures, which
+        carry a traceback, until dismissed."""
+        self.errors = [e for e in self.errors if e.details]
+
     def clear_errors(self) -> None:
         self.errors.clear()
 

@@ -137,6 +137,9 @@ def test_repeated_bad_input_is_one_message_with_a_way_out(random_weights) -> Non
     session.report("x")
     session.report("x")
     assert [e.message for e in session.errors].count("x") == 1
+    session.report("engine.step() failed: boom", "Traceback ...")
+    session.clear_input_errors()  # what Step and Run to end do: input messages go, a traceback stays
+    assert [e.message for e in session.errors] == ["engine.step() failed: boom"]
 
 
 @pytest.mark.slow

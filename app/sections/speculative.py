@@ -49,7 +49,8 @@ def speculative_explanation() -> None:
          "α high when the answer repeats the prompt (copy-edit, summarise), near useless in open chat. "
          "**Early exit** (the target's first layers) costs c ≈ ½ here and agrees rarely on a 135M model. The "
          "**distilled draft model** (2 layers trained here to imitate the target, sharing its embeddings) is "
-         "cheaper (c ≈ 0.1) and agrees more often."],
+         "cheaper (c ≈ 0.1). How often each agrees depends on the text: the benchmark table below measures α over "
+         "several prompts, and one short scenario can show two drafters alike."],
         note="α is measured like the benchmark: accepted / (accepted + rejections), the per-draft acceptance "
              "probability of the i.i.d. model.",
     )

@@ -24,12 +24,15 @@ def follow_latest(session: EngineSession, page: str) -> None:
 
 
 def _step(session: EngineSession, page: str) -> None:
+    # A bad-input message has been read by the time the student steps on: it goes (a traceback stays).
+    session.clear_input_errors()
     session.step()
     follow_latest(session, page)
 
 
 def _run_to_end(session: EngineSession, page: str) -> None:
     st.session_state[_keys(page)["playing"]] = False
+    session.clear_input_errors()
     session.run(RUN_TO_END_LIMIT)
     follow_latest(session, page)
 

@@ -22,3 +22,8 @@ def request_state_table(record: StepRecord, bytes_per_token: int | None = None) 
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={"KV KiB": st.column_config.NumberColumn(format="%.0f"),
                                 "text so far": st.column_config.TextColumn(width="large")})
+    # Text after an end-of-turn token only happens when the request ignores EOS (the library's scenarios do).
+    if any("<|im_end|>" in q.text.rstrip().removesuffix("<|im_end|>") for q in record.requests):
+        st.caption("“<|im_end|>” is the model's end-of-turn token. Requests that set ignore_eos run to their "
+                   "max_tokens and the batch keeps a fixed shape to look at; the text carries on past the end of "
+                   "the answer.")

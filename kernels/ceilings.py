@@ -12,6 +12,7 @@ for bytes/s (a copy reads and writes every byte, so bytes moved = 2 x tensor siz
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -87,8 +88,6 @@ def memory_capacity(device: str | torch.device) -> float:
     dev = torch.device(device)
     if dev.type == "cuda":
         return float(torch.cuda.get_device_properties(dev).total_memory)
-    import os
-
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 

@@ -19,7 +19,8 @@ from kernels.flash_trace import flash_attention_tiled, naive_attention
 from app.analysis import flash_compare
 from app.analysis.flash_compare import AttentionMemory, CpuCache, MethodResult, largest_cpu_cache, memory_table
 from app.analysis.flash_qkv import LayerQKV
-from app.charts.flash_tiles import MIN_SCORE_SPAN, index_ticks, method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.axes import index_ticks
+from app.charts.flash_tiles import MIN_SCORE_SPAN, method_chart, online_softmax_chart, score_matrix, tile_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages/05_flashattention.py")

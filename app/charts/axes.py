@@ -13,6 +13,24 @@ def step_ticks(records: list[StepRecord] | int, max_ticks: int = 16) -> dict:
     return {"tick0": 0, "dtick": max(1, math.ceil(n / max_ticks))}
 
 
+def index_ticks(count: int, max_labels: int = 10) -> dict:
+    """Integer ticks for an axis of `count` token or tile indices: every 1, 2, 5, 10, 20, ... so at most
+    `max_labels` labels, never rotated. Plotly's own ticks put 0.5 steps (or -0.4 ... 0.4 around a single
+    cell) on axes of things that only come in whole numbers, and labelled all 20 tiles of a half-width grid
+    sideways."""
+    step = 1
+    while count > step * max_labels:
+        step = _next_nice(step)
+    return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickangle": 0}
+
+
+def _next_nice(step: int) -> int:
+    """1 -> 2 -> 5 -> 10 -> 20 -> 50 -> ..."""
+    digits = 10 ** (len(str(step)) - 1)
+    lead = step // digits
+    return (2 if lead == 1 else 5 if lead == 2 else 10) * digits
+
+
 def log_axis(si: bool = False) -> dict:
     """Log-axis settings that read on a projector: one labelled tick per power of ten (Plotly's
     default also labels the 2s and 5s between them, so a '5' left of '1' means 0.5), unlabelled

@@ -5,7 +5,7 @@ import plotly.graph_objects as go
 
 from engine.trace import StepRecord
 
-from app.charts.axes import step_ticks
+from app.charts.axes import index_ticks, step_ticks
 from app.theme import MUTED, STATUS_COLORS, request_color
 
 
@@ -64,21 +64,11 @@ def batch_at_step(record: StepRecord, order: list[str]) -> go.Figure:
                       xaxis_title="tokens computed this step")
     # Tokens are whole: with one token per sequence Plotly labelled 0, 0.2, 0.4 ... 1.
     most = max((s.num_tokens for s in batch), default=1)
-    fig.update_xaxes(tick0=0, dtick=max(1, _nice_step(most / 6)), rangemode="tozero")
+    fig.update_xaxes(**index_ticks(most, max_labels=6), rangemode="tozero")
     fig.update_yaxes(autorange="reversed")
     if not batch:
         fig.add_annotation(text="nothing ran in this step", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
-
-
-def _nice_step(raw: float) -> int:
-    """1, 2, 5, 10, 20, 50 ...: the smallest such step at least `raw`."""
-    step = 1
-    while True:
-        for m in (1, 2, 5):
-            if step * m >= raw:
-                return step * m
-        step *= 10
 
 
 def status_legend_colors() -> dict[str, str]:

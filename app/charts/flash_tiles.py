@@ -12,30 +12,12 @@ from plotly.subplots import make_subplots
 from kernels.flash_trace import FlashTrace
 
 from app.analysis.flash_compare import MethodResult
-from app.charts.axes import log_axis
+from app.charts.axes import index_ticks, log_axis
 from app.theme import ACCENT, MUTED
 
 TILE_COLORS = {"full": "#0072B2", "diagonal": "#E69F00", "skipped": "#EEF0F3"}
 TILE_LABELS = {"full": "no mask", "diagonal": "diagonal: masked", "skipped": "skipped"}
 FUTURE_FILL = TILE_COLORS["skipped"]  # a K tile wholly in the traced row's future
-
-
-def index_ticks(count: int, max_labels: int = 10) -> dict:
-    """Integer ticks for an axis of `count` token or tile indices: every 1, 2, 5, 10, 20, ... so at most
-    `max_labels` labels, never rotated. Plotly's own ticks put 0.5 steps (or -0.4 ... 0.4 around a single
-    cell) on axes of things that only come in whole numbers, and labelled all 20 tiles of a half-width grid
-    sideways."""
-    step = 1
-    while count > step * max_labels:
-        step = _next_nice(step)
-    return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickangle": 0}
-
-
-def _next_nice(step: int) -> int:
-    """1 -> 2 -> 5 -> 10 -> 20 -> 50 -> ..."""
-    digits = 10 ** (len(str(step)) - 1)
-    lead = step // digits
-    return (2 if lead == 1 else 5 if lead == 2 else 10) * digits
 
 
 def tile_grid(trace: FlashTrace) -> go.Figure:

@@ -55,8 +55,7 @@ def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[floa
     the markers and `obstacles` (the roof's own labels, the ridge marker): greedy, in log space, with
     box sizes estimated from the font. A label that finds no free place gets "" (no text; the hover
     still names the point): overlapping text is worse on a projector than a point without a label."""
-    dx = (math.log10(x_span[1]) - math.log10(x_span[0])) / width_px  # decades per pixel
-    dy = (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px
+    dx, dy = _decades_per_px(x_span, y_span, width_px, height_px)
     marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
               for x, y, _, _ in items]
     placed: list[Box] = list(obstacles)
@@ -84,14 +83,18 @@ def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[floa
     return out
 
 
-def _text_box(x: float, y: float, text: str, x_span: tuple[float, float], y_span: tuple[float, float],
-              angle_deg: float = 0.0, width_px: float = 780, height_px: float = 430) -> Box:
-    """The log-space box a label anchored at its bottom-left (x, y) covers, rotated `angle_deg` upwards."""
-    dx = (math.log10(x_span[1]) - math.log10(x_span[0])) / width_px
-    dy = (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px
+def _decades_per_px(x_span: tuple[float, float], y_span: tuple[float, float], width_px: float = 780,
+                    height_px: float = 430) -> tuple[float, float]:
+    """How many decades of each log axis one pixel of a plot of about that size spans."""
+    return ((math.log10(x_span[1]) - math.log10(x_span[0])) / width_px,
+            (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px)
+
+
+def _text_box(lx: float, ly: float, text: str, dx: float, dy: float, angle_deg: float = 0.0) -> Box:
+    """The log-space box a label anchored at its bottom-left (lx, ly, in log10 units) covers, rotated
+    `angle_deg` upwards; dx, dy from `_decades_per_px`."""
     w_px, h_px = len(text) * 6.6, 15
     a = math.radians(angle_deg)
-    lx, ly = math.log10(x), math.log10(y)
     return (lx, lx + (w_px * math.cos(a) + h_px * math.sin(a)) * dx, ly,
             ly + (w_px * math.sin(a) + h_px * math.cos(a)) * dy)
 
@@ -133,17 +136,14 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     slope_text = f"bandwidth β = {fmt_rate(c.peak_bytes_per_s, 'B/s')}"
     fig.add_annotation(x=math.log10(slope_x), y=math.log10(c.attainable(slope_x)), xanchor="left", yanchor="bottom",
                        text=slope_text, showarrow=False, textangle=-28, font=dict(size=12, color="#374151"))
-    spans = (x_lo, x_hi), (y_lo, y_hi)
+    dx, dy = _decades_per_px((x_lo, x_hi), (y_lo, y_hi))
+    lr, lp = math.log10(c.ridge), math.log10(c.peak_flops)
     ridge_text = f"ridge {c.ridge:.3g} FLOP/B"
-    dx = (math.log10(x_hi) - math.log10(x_lo)) / 780
-    dy = (math.log10(y_hi) - math.log10(y_lo)) / 430
-    obstacles = [_text_box(c.ridge * 1.6, c.peak_flops, roof_text, *spans),
-                 _text_box(slope_x, c.attainable(slope_x), slope_text, *spans, angle_deg=28),
-                 # the ridge marker and its label, 20 px left and 34 px above it
-                 (math.log10(c.ridge) - 9 * dx, math.log10(c.ridge) + 9 * dx,
-                  math.log10(c.peak_flops) - 9 * dy, math.log10(c.peak_flops) + 9 * dy),
-                 _text_box(c.ridge / 10 ** ((20 + 3.3 * len(ridge_text)) * dx), c.peak_flops * 10 ** (30 * dy),
-                           ridge_text, *spans)]
+    obstacles = [_text_box(lr + math.log10(1.6), lp, roof_text, dx, dy),
+                 _text_box(math.log10(slope_x), math.log10(c.attainable(slope_x)), slope_text, dx, dy, angle_deg=28),
+                 (lr - 9 * dx, lr + 9 * dx, lp - 9 * dy, lp + 9 * dy),  # the ridge marker
+                 # its label, centred 20 px left of it and 34 px above
+                 _text_box(lr - (20 + 3.3 * len(ridge_text)) * dx, lp + 30 * dy, ridge_text, dx, dy)]
     fig.add_annotation(x=0.01, y=0.02, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
                        text="memory-bound", showarrow=False, font=dict(color="#0072B2", size=13))
     fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom",

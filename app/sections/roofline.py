@@ -20,9 +20,9 @@ from app.analysis.roofline_math import (above_roof, attention_decode_intensity, 
                                         flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
                                         unplottable_kernels)
 from app.charts.kernel_paths import kernel_path_chart
-from app.formatting import fmt_duration
 from app.charts.roofline import (decode_calculator_chart, fmt_rate, point_label, request_latency_chart,
                                  roofline_chart, step_latency_chart)
+from app.formatting import fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec, Scenario
 from app.session import EngineSession
@@ -75,9 +75,7 @@ ROOFLINE_SCENARIOS: list[Scenario] = [
 ]
 
 _CEILINGS_KEY = "roofline-ceilings"
-_CEILINGS_AT_KEY = "roofline-ceilings-at"
-# A kernel more than this far above the roof means the ceilings were measured on a busy machine.
-_ABOVE_ROOF = 1.1
+_REMEASURED_KEY = "roofline-ceilings-remeasured"  # the time of the last "Measure again", if any
 
 
 def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
@@ -139,7 +137,6 @@ def ceilings_section(device: str) -> Ceilings:
     if st.session_state.get(_CEILINGS_KEY) is None:
         with st.spinner("Measuring this machine's ceilings (a matmul and a large copy)…"):
             st.session_state[_CEILINGS_KEY] = ceilings_for(dev)
-            st.session_state[_CEILINGS_AT_KEY] = _measured_at(dev)
     c: Ceilings = st.session_state[_CEILINGS_KEY]
     with st.container(border=True):
         st.markdown("##### :material/speed: This machine's two ceilings")
@@ -151,9 +148,9 @@ def ceilings_section(device: str) -> Ceilings:
         if m[3].button("Measure again", icon=":material/refresh:", key="roofline-remeasure",
                        help="The machine is shared: re-measure if the numbers look off"):
             st.session_state[_CEILINGS_KEY] = measure_ceilings(dev, fresh=True)
-            st.session_state[_CEILINGS_AT_KEY] = f", re-measured at {time.strftime('%H:%M:%S')}"
+            st.session_state[_REMEASURED_KEY] = time.strftime("%H:%M:%S")
             st.rerun()
-        st.caption(f"Source: {c.source}{st.session_state.get(_CEILINGS_AT_KEY) or ''}. Measured, never datasheet "
+        st.caption(f"Source: {c.source}{_when(c, st.session_state.get(_REMEASURED_KEY))}. Measured, never datasheet "
                    "figures: a roofline only means something against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
             rows = [{"GPU": ref.name, "what": what, "measured": value}
@@ -165,12 +162,12 @@ def ceilings_section(device: str) -> Ceilings:
     return c
 
 
-def _measured_at(dev: torch.device) -> str:
-    """Where the ceilings shown came from, for the caption: a table lookup or a measurement (the one
-    this server process made when the page was first opened, shared by every visitor)."""
-    if not st.session_state[_CEILINGS_KEY].source.startswith("measured"):
-        return ""
-    return " (once per server process, when this page was first opened)"
+def _when(c: Ceilings, remeasured_at: str | None) -> str:
+    """When the ceilings shown were measured, for the caption: re-measured by this visitor, or the one
+    measurement this server process made when the page was first opened (nothing for a table lookup)."""
+    if remeasured_at:
+        return f", re-measured at {remeasured_at}"
+    return " (once per server process, when this page was first opened)" if c.source.startswith("measured") else ""
 
 
 def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) -> None:
@@ -199,7 +196,7 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
         st.info("This step timed no kernels with FLOPs (nothing ran, or the decode ran as one CUDA graph replay).")
         return
     show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=560)
-    above = above_roof(now + others, c, _ABOVE_ROOF)  # faded steps too: any point over the roof disproves it
+    above = above_roof(now + others, c)  # faded steps too: any point over the roof disproves it
     if above:
         worst = above[0]
         st.warning(f"**{point_label(worst)}** ran at {fmt_rate(worst.flops_per_s, 'FLOP/s')}, "

@@ -1,6 +1,7 @@
 """The live kernel-timing panel for the selected step: a table and a bar chart."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from engine.trace import StepRecord
@@ -25,7 +26,7 @@ def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = F
         table = kernel_table(record.kernels)
         # Rates as text: a kernel with no FLOPs (embedding, a copy) is "–", where a number column shows "None".
         for col in ("GFLOP/s", "GB/s"):
-            table[col] = [f"{v:.3g}" if v == v and v is not None else "–" for v in table[col]]
+            table[col] = ["–" if pd.isna(v) else f"{v:.3g}" for v in table[col]]
         st.dataframe(
             table, hide_index=True, width="stretch",
             column_config={

@@ -5,13 +5,17 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.trace import StepRecord
+
 from app.analysis.chunked import ChunkRun, StepSplit, TokenGap, step_splits, token_gaps, worst_stall
+from app.analysis.trace_metrics import cumulative_clock
 from app.charts.axes import step_ticks
+from app.charts.colors import tint
 from app.theme import MUTED, STATUS_COLORS, request_color
 
 PREFILL = STATUS_COLORS["prefill"]
 DECODE = STATUS_COLORS["decode"]
-RUN_COLORS = {"chunked": "#009E73", "unchunked": "#CC79A7"}
+PREFILL_BAND = tint(PREFILL, 0.22)
 
 
 def tokens_vs_budget(splits: list[StepSplit], budget: int, selected: int | None = None,
@@ -53,59 +57,134 @@ def iteration_time(splits: list[StepSplit], selected: int | None = None,
     return fig
 
 
-def _gap_traces(fig: go.Figure, gaps: list[TokenGap], order: list[str], row: int | None = None,
-                col: int | None = None, show_legend: bool = True) -> None:
-    ids = [r for r in order if any(g.request_id == r for g in gaps)]
-    ids += sorted({g.request_id for g in gaps} - set(ids))
-    kw = {} if row is None else {"row": row, "col": col}
-    # Requests served in the same steps have identical gaps: widest line first, so overlaps show as stripes.
-    widths = {rid: 2 + 2.2 * (len(ids) - 1 - i) for i, rid in enumerate(ids)}
-    for rid in ids:
-        mine = [g for g in gaps if g.request_id == rid]
-        fig.add_scatter(x=[g.time_s for g in mine], y=[g.gap_s * 1e3 for g in mine], name=rid, legendgroup=rid,
-                        showlegend=show_legend, mode="lines+markers",
-                        line=dict(color=request_color(rid, order), width=widths[rid]),
-                        marker=dict(size=[11 if g.prefill_in_step else 6 for g in mine],
-                                    symbol=["diamond" if g.prefill_in_step else "circle" for g in mine]),
-                        customdata=[g.step for g in mine],
-                        hovertemplate=f"{rid}: token at step %{{customdata}}, %{{y:.0f}} ms after its previous one"
-                                      "<extra></extra>", **kw)
+# Requests decoding in the same steps share every gap (one step = one token for each of them), so in
+# one plot their lines lie exactly on top of each other. One strip per request, on shared axes, keeps
+# every request visible and still lines the stalls up in time; orange bands mark the steps that also
+# ran a prompt chunk, so the cause of each bump is in the picture.
+GAP_STRIP_PX = 90
+
+
+def gap_request_ids(gaps: list[TokenGap], order: list[str]) -> list[str]:
+    """The requests that have at least one gap, in the session's order (unknown ids last)."""
+    seen = {g.request_id for g in gaps}
+    return [r for r in order if r in seen] + sorted(seen - set(order))
+
+
+def gap_figure_height(num_strips: int) -> int:
+    """Pixel height for a gap figure of `num_strips` request strips (title, legend and axis included)."""
+    return 170 + GAP_STRIP_PX * max(num_strips, 1)
+
+
+def _prefill_bands(fig: go.Figure, records: list[StepRecord], col: int) -> None:
+    """Shade the clock interval of every run of consecutive steps that computed prompt tokens. Call it after
+    the strips' traces: Plotly's row="all" skips subplots that hold no trace yet."""
+    clock = cumulative_clock(records)
+    start = None
+    for i, r in enumerate(records):
+        begin = clock[i - 1] if i else 0.0
+        if r.num_prefill_tokens and start is None:
+            start = begin
+        if start is not None and (not r.num_prefill_tokens or i == len(records) - 1):
+            end = clock[i] if r.num_prefill_tokens else begin
+            fig.add_vrect(x0=start, x1=end, fillcolor=PREFILL_BAND, line_width=0, layer="below", row="all", col=col)
+            start = None
+
+
+def _gap_strip(fig: go.Figure, gaps: list[TokenGap], rid: str, order: list[str], row: int, col: int) -> None:
+    mine = [g for g in gaps if g.request_id == rid]
+    fig.add_scatter(x=[g.time_s for g in mine], y=[g.gap_s * 1e3 for g in mine], name=rid, showlegend=False,
+                    mode="lines+markers", line=dict(color=request_color(rid, order), width=2.5),
+                    marker=dict(size=[10 if g.prefill_in_step else 5 for g in mine],
+                                symbol=["diamond" if g.prefill_in_step else "circle" for g in mine]),
+                    customdata=[g.step for g in mine],
+                    hovertemplate=f"{rid}: token at step %{{customdata}}, %{{y:.0f}} ms after its previous one"
+                                  "<extra></extra>", row=row, col=col)
+
+
+def _strip_label(fig: go.Figure, rid: str, order: list[str], row: int, col: int) -> None:
+    fig.add_annotation(text=f"<b>{rid}</b>", x=0.005, y=0.97, xref="x domain", yref="y domain", xanchor="left",
+                       yanchor="top", showarrow=False, font=dict(color=request_color(rid, order), size=13),
+                       bgcolor="rgba(255,255,255,0.75)", row=row, col=col)
+
+
+def _worst_label(fig: go.Figure, worst: TokenGap | None, ids: list[str], col: int, text: str) -> None:
+    if worst is None or worst.request_id not in ids:
+        return
+    fig.add_annotation(x=worst.time_s, y=worst.gap_s * 1e3, text=text, showarrow=True, arrowhead=2, ax=45, ay=-18,
+                       bgcolor="rgba(255,255,255,0.85)", row=ids.index(worst.request_id) + 1, col=col)
+
+
+def _legend_keys(fig: go.Figure) -> None:
+    """Legend entries for the two marks every strip shares (the strips are named by their labels)."""
+    fig.add_scatter(x=[None], y=[None], mode="markers", marker=dict(symbol="diamond", size=10, color=MUTED),
+                    name="a prompt chunk ran in that step")
+    fig.add_scatter(x=[None], y=[None], mode="markers", marker=dict(symbol="square", size=14, color=PREFILL_BAND),
+                    name="steps with a prompt chunk")
+
+
+def _shared_y(fig: go.Figure, gaps: list[TokenGap]) -> None:
+    """One y range for every strip, with room above the highest point for its label."""
+    top = max((g.gap_s * 1e3 for g in gaps), default=1.0)
+    fig.update_yaxes(range=[0, top * 1.35], nticks=3)
+
+
+def _y_title(fig: go.Figure) -> None:
+    fig.add_annotation(text="ms since the previous token", textangle=-90, x=-0.055, y=0.5, xref="paper",
+                       yref="paper", showarrow=False, font=dict(size=14))
 
 
 def token_gap_figure(records, order: list[str], selected_time: float | None = None) -> go.Figure:  # noqa: ANN001
     gaps = token_gaps(records)
-    fig = go.Figure()
-    _gap_traces(fig, gaps, order)
-    worst = worst_stall(records)
-    if worst is not None:
-        fig.add_annotation(x=worst.time_s, y=worst.gap_s * 1e3, text=f"worst stall {worst.gap_s * 1e3:.0f} ms "
-                           f"({worst.request_id}, step {worst.step})", showarrow=True, arrowhead=2, ax=40, ay=-30)
-    if selected_time is not None:
-        fig.add_vline(x=selected_time, line=dict(color=MUTED, dash="dot", width=2))
-    fig.update_layout(title="Time between tokens, per request (◆ = a prompt chunk ran in that step)",
-                      xaxis_title="engine clock (s)",
-                      yaxis=dict(title="ms since the previous token", rangemode="tozero"))
-    if not gaps:
+    ids = gap_request_ids(gaps, order)
+    title = "Time between tokens, one strip per request (shared axes)"
+    if not ids:
+        fig = go.Figure()
         fig.add_annotation(text="no request has two tokens yet", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
+        fig.update_layout(title=title, xaxis_title="engine clock (s)", yaxis_title="ms since the previous token")
+        return fig
+    fig = make_subplots(rows=len(ids), cols=1, shared_xaxes=True, shared_yaxes="all", vertical_spacing=0.03)
+    for i, rid in enumerate(ids, start=1):
+        _gap_strip(fig, gaps, rid, order, i, 1)
+        _strip_label(fig, rid, order, i, 1)
+    _prefill_bands(fig, records, col=1)
+    worst = worst_stall(records)
+    if worst is not None:
+        _worst_label(fig, worst, ids, 1, f"worst stall {worst.gap_s * 1e3:.0f} ms (step {worst.step})")
+    if selected_time is not None:
+        fig.add_vline(x=selected_time, line=dict(color=MUTED, dash="dot", width=2), row="all", col=1)
+    _legend_keys(fig)
+    _y_title(fig)
+    _shared_y(fig, gaps)
+    fig.update_xaxes(title_text="engine clock (s)", row=len(ids), col=1)
+    fig.update_layout(title=title, margin=dict(l=80))
     return fig
 
 
 def compare_gaps_figure(runs: dict[str, ChunkRun], order: list[str]) -> go.Figure:
-    """Time between tokens under both policies, side by side on the same y axis."""
+    """Time between tokens under both policies: a strip per request, a column per policy, every axis shared
+    so the same request's stalls line up side by side at the same scale."""
     keys = list(runs)
-    fig = make_subplots(rows=1, cols=len(keys), shared_yaxes=True, horizontal_spacing=0.05,
-                        subplot_titles=[f"{runs[k].label}, budget {runs[k].budget}" for k in keys])
-    for i, k in enumerate(keys, start=1):
+    per_run = {k: token_gaps(list(runs[k].records)) for k in keys}
+    ids = gap_request_ids([g for gaps in per_run.values() for g in gaps], order) or ["–"]
+    titles = [f"{runs[k].label}, budget {runs[k].budget}" for k in keys] + [""] * (len(keys) * (len(ids) - 1))
+    fig = make_subplots(rows=len(ids), cols=len(keys), shared_xaxes="all", shared_yaxes="all",
+                        horizontal_spacing=0.04, vertical_spacing=0.03, subplot_titles=titles)
+    for c, k in enumerate(keys, start=1):
         records = list(runs[k].records)
-        _gap_traces(fig, token_gaps(records), order, row=1, col=i, show_legend=i == 1)
+        for i, rid in enumerate(ids, start=1):
+            _gap_strip(fig, per_run[k], rid, order, i, c)
+            if c == 1:
+                _strip_label(fig, rid, order, i, c)
+        _prefill_bands(fig, records, col=c)
         worst = worst_stall(records)
         if worst is not None:
-            fig.add_annotation(x=worst.time_s, y=worst.gap_s * 1e3, text=f"worst {worst.gap_s * 1e3:.0f} ms",
-                               showarrow=True, arrowhead=2, ax=30, ay=-25, row=1, col=i)
-        fig.update_xaxes(title_text="engine clock (s)", row=1, col=i)
-    fig.update_yaxes(title_text="ms since the previous token", rangemode="tozero", row=1, col=1)
-    fig.update_layout(legend=dict(yanchor="top", y=-0.2, xanchor="left", x=0.0), margin=dict(t=60, b=90))
+            _worst_label(fig, worst, ids, c, f"worst {worst.gap_s * 1e3:.0f} ms")
+        fig.update_xaxes(title_text="engine clock (s)", row=len(ids), col=c)
+    _legend_keys(fig)
+    _y_title(fig)
+    _shared_y(fig, [g for gaps in per_run.values() for g in gaps])
+    fig.update_layout(margin=dict(l=80))
     return fig
 
 

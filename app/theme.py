@@ -21,10 +21,27 @@ PRESENT_TEMPLATE = "inferscope_present"
 # DejaVu Sans and titles sized for the app run past their charts' edges.
 FONT = "'Source Sans', 'Source Sans Pro', Inter, 'Helvetica Neue', Arial, sans-serif"
 
-# Okabe-Ito-inspired, colour-blind safe, and distinct on a projector.
+# One colour means one thing on a screen, across the app:
+# - STATUS_COLORS are the phases (orange prefill, blue decode, red preempted, pale tints for the rest),
+#   shared by every Gantt, the roofline and the chunked-prefill charts;
+# - TECHNIQUE_COLOR / BASELINE_COLOR are the two runs of an A/B comparison (continuous vs static batching,
+#   cache on vs off, chunked vs unchunked);
+# - REQUEST_COLORS tell requests apart and use none of those hues: with r0 in decode blue and r1 in prefill
+#   orange, the continuous batching page's "Tokens per request" bars read as phases next to its Gantt.
+# Picked with CIEDE2000 distances under normal vision and simulated deuteranopia/protanopia
+# (tests/color_distance.py): the first six (the largest scenario) differ from each other, from the phases and
+# from the comparison pair; dark, mid and light entries are mixed so they still differ where hues collapse.
+# Olive comes late: next to the block pool's yellow shared tiles and the prefill orange it is the weakest.
+# Only eight: a ninth request repeats r0's colour rather than getting a near-copy of a phase or of r0.
 REQUEST_COLORS: tuple[str, ...] = (
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#7A5195", "#8C8C00",
-    "#1B9E77", "#A6761D", "#E7298A", "#4D4D4D",
+    "#800080",  # purple
+    "#006D6F",  # dark teal
+    "#A78BFA",  # light violet
+    "#9C755F",  # brown
+    "#4D4D4D",  # charcoal
+    "#999933",  # olive
+    "#17BECF",  # turquoise
+    "#CF1C90",  # magenta
 )
 STATUS_COLORS: dict[str, str] = {
     "waiting": "#C9CED6",
@@ -34,6 +51,8 @@ STATUS_COLORS: dict[str, str] = {
     "preempted": "#D62728",
     "finished": "#9BD3AE",
 }
+TECHNIQUE_COLOR = "#009E73"  # Okabe-Ito bluish green
+BASELINE_COLOR = "#CC79A7"  # Okabe-Ito reddish purple
 SHARED_COLOR = "#F0C808"  # copy-on-write shared blocks stand out in yellow
 CACHE_COLOR = "#8E8E8E"
 FREE_COLOR = "#F1F3F6"

@@ -6,29 +6,32 @@ import plotly.graph_objects as go
 from engine.trace import StepRecord
 
 from app.charts.axes import index_ticks, step_ticks
-from app.theme import MUTED, STATUS_COLORS, request_color
+from app.theme import MUTED, request_color
 
 
 def batch_over_steps(records: list[StepRecord], order: list[str], selected: int | None = None) -> go.Figure:
     """Stacked bars: tokens each request contributed to each step's batch (hatched = prefill)."""
     fig = go.Figure()
     ids = [rid for rid in order if any(s.request_id == rid for r in records for s in r.batch)]
-    in_legend: set[str] = set()
     for rid in ids:
-        for phase, pattern in (("prefill", "/"), ("decode", "")):
+        runs: dict[str, tuple[list[int], list[int]]] = {}
+        for phase in ("prefill", "decode"):
             xs, ys = [], []
             for r in records:
                 n = sum(s.num_tokens for s in r.batch if s.request_id == rid and s.phase == phase)
                 if n:
                     xs.append(r.step)
                     ys.append(n)
-            if not xs:
-                continue
-            fig.add_bar(x=xs, y=ys, name=rid, legendgroup=rid, showlegend=rid not in in_legend,
-                        marker=dict(color=request_color(rid, order), pattern_shape=pattern,
+            if xs:
+                runs[phase] = (xs, ys)
+        # The legend swatch names a request, so it is the solid (decode) bar where there is one: a hatched
+        # swatch read as "this request is prefill".
+        legend_phase = "decode" if "decode" in runs else "prefill"
+        for phase, (xs, ys) in runs.items():
+            fig.add_bar(x=xs, y=ys, name=rid, legendgroup=rid, showlegend=phase == legend_phase,
+                        marker=dict(color=request_color(rid, order), pattern_shape="/" if phase == "prefill" else "",
                                     line=dict(width=0.5, color="white")),
                         hovertemplate=f"step %{{x}}: {rid} {phase} %{{y}} tokens<extra></extra>")
-            in_legend.add(rid)
     fig.add_scatter(x=[r.step for r in records], y=[len(r.batch) for r in records], name="sequences in batch",
                     mode="lines", yaxis="y2", line=dict(color="#111827", width=2, shape="hv"),
                     hovertemplate="step %{x}: %{y} sequences<extra></extra>")
@@ -69,7 +72,3 @@ def batch_at_step(record: StepRecord, order: list[str]) -> go.Figure:
     if not batch:
         fig.add_annotation(text="nothing ran in this step", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
-
-
-def status_legend_colors() -> dict[str, str]:
-    return dict(STATUS_COLORS)

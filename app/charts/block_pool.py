@@ -14,7 +14,7 @@ from engine.trace import StepRecord
 
 from app.analysis.trace_metrics import block_fills
 from app.charts.axes import step_ticks
-from app.charts.colors import owner_color, tint
+from app.charts.colors import ink_on, owner_color, tint
 from app.theme import FREE_COLOR, MUTED, SHARED_COLOR
 
 GAP = 0.08
@@ -32,7 +32,7 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
     fills = block_fills(record)
     highlight = highlight or set()
     fig = go.Figure()
-    xs, ys, texts, hovers = [], [], [], []
+    xs, ys, texts, hovers, inks = [], [], [], [], []
     for b in range(pool.num_blocks):
         col, row = b % cols, b // cols
         x0, y0 = col + GAP, rows - 1 - row + GAP  # block 0 top-left, reading order
@@ -42,11 +42,12 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
         fill = fills.get(b, 0) if refs else 0
         frac = fill / pool.block_size
         line = dict(color="#111827", width=3) if b in highlight else dict(color="#D1D5DB" if not refs else color, width=1)
-        fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, fillcolor=tint(color, 0.28) if refs else FREE_COLOR,
-                      line=line, layer="below")
+        pale = tint(color, 0.28) if refs else FREE_COLOR
+        fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, fillcolor=pale, line=line, layer="below")
         if frac > 0:
             fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y0 + (y1 - y0) * frac, fillcolor=color,
                           line=dict(width=0), layer="below")
+        inks.append(ink_on(color if frac >= 0.5 else pale))  # the number sits mid-tile: on the solid part or not
         xs.append(col + 0.5)
         ys.append(rows - row - 0.5)
         texts.append(f"{b}" + (f"<br>×{refs}" if refs > 1 else ""))
@@ -54,7 +55,7 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
         hovers.append(f"<b>block {b}</b><br>owner: {who}<br>ref count: {refs}<br>"
                       f"filled: {fill}/{pool.block_size} slots")
     fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False,
-                    textfont=dict(color="#111827"))
+                    textfont=dict(color=inks))
     # Legend entries (tiles are shapes, which have no legend of their own).
     present = [o for o in order if o in set(pool.owners)]
     for label, color in [(o, owner_color(o, order)) for o in present] + [("shared (copy-on-write)", SHARED_COLOR),

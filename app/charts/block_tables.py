@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from engine.trace import StepRecord
 
-from app.charts.colors import owner_color, tint
+from app.charts.colors import ink_on, owner_color, tint
 from app.theme import SHARED_COLOR, request_color
 
 
@@ -24,7 +24,7 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
     tables = _ordered_tables(record, order)
     bs = record.pool.block_size
     fig = go.Figure()
-    xs, ys, texts, hovers = [], [], [], []
+    xs, ys, texts, hovers, inks = [], [], [], [], []
     labels = [t.request_id for t in tables]
     width = max((len(t.block_ids) for t in tables), default=1)
     for row, t in enumerate(tables):
@@ -32,14 +32,17 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
         for i, (b, f) in enumerate(zip(t.block_ids, t.fills)):
             refs = record.pool.ref_counts[b]
             color = SHARED_COLOR if refs > 1 else request_color(t.request_id, order)
+            fill = tint(color, 0.3 + 0.7 * f / bs)
             fig.add_shape(type="rect", x0=i + 0.06, x1=i + 0.94, y0=y + 0.1, y1=y + 0.9,
-                          fillcolor=tint(color, 0.3 + 0.7 * f / bs), line=dict(color=color, width=1.5), layer="below")
+                          fillcolor=fill, line=dict(color=color, width=1.5), layer="below")
+            inks.append(ink_on(fill))
             xs.append(i + 0.5)
             ys.append(y + 0.5)
             texts.append(str(b))
             hovers.append(f"{t.request_id}: logical block {i} → physical block {b}<br>"
                           f"{f}/{bs} slots filled, ref count {refs}")
-    fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False)
+    fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False,
+                    textfont=dict(color=inks))
     fig.update_xaxes(title="logical block index (position ÷ block size)", range=[0, max(width, 4)],
                      tickvals=[i + 0.5 for i in range(width)], ticktext=[str(i) for i in range(width)],
                      showgrid=False, zeroline=False, fixedrange=True)

@@ -12,6 +12,27 @@ def tint(hex_color: str, alpha: float) -> str:
     return f"rgb({mix(r)},{mix(g)},{mix(b)})"
 
 
+INK = "#111827"
+
+
+def relative_luminance(color: str) -> float:
+    """WCAG relative luminance of "#RRGGBB" or "rgb(r,g,b)" (what `tint` returns)."""
+    if color.startswith("rgb("):
+        chans = [int(c) / 255 for c in color[4:-1].split(",")]
+    else:
+        h = color.lstrip("#")
+        chans = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in chans]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def ink_on(fill: str) -> str:
+    """Near-black or white text, whichever contrasts more with `fill`: block numbers in near-black were
+    unreadable on the dark request colours (purple, teal, charcoal)."""
+    lum = relative_luminance(fill)
+    return "white" if 1.05 / (lum + 0.05) > (lum + 0.05) / (relative_luminance(INK) + 0.05) else INK
+
+
 def owner_color(owner: str, order: list[str]) -> str:
     if owner == "shared":
         return SHARED_COLOR

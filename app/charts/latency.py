@@ -6,8 +6,11 @@ from plotly.subplots import make_subplots
 
 from app.analysis.policy_compare import PolicyRun
 from app.analysis.trace_metrics import request_latencies, throughput
+from app.theme import BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
-POLICY_COLORS = {"static": "#CC79A7", "continuous": "#0072B2"}
+# The app's comparison pair, not a phase or request colour: continuous in decode blue sat under a Gantt whose
+# blue means "decode", and static in pink was request r3's colour.
+POLICY_COLORS: dict[str, str] = {"static": BASELINE_COLOR, "continuous": TECHNIQUE_COLOR}
 
 
 def latency_comparison(runs: dict[str, PolicyRun]) -> go.Figure:
@@ -15,7 +18,7 @@ def latency_comparison(runs: dict[str, PolicyRun]) -> go.Figure:
                         subplot_titles=("End-to-end latency per request", "Time to first token", "Throughput"))
     for policy, run in runs.items():
         lat = request_latencies(list(run.records))
-        color = POLICY_COLORS.get(policy, "#6B7280")
+        color = POLICY_COLORS.get(policy, MUTED)
         ids = [x.request_id for x in lat]
         fig.add_bar(x=ids, y=[x.e2e_s for x in lat], name=policy, marker_color=color, legendgroup=policy,
                     hovertemplate="%{x}: %{y:.2f} s<extra>" + policy + "</extra>", row=1, col=1)

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from app.analysis.radix import CachePoint, CacheRun, tidy_layout, tree_graph
 from app.charts.axes import step_ticks
 from app.charts.colors import tint
-from app.theme import ACCENT, MUTED
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 LOCKED = "#0072B2"
 EVICTABLE = "#9CA3AF"
@@ -20,7 +20,7 @@ GHOST = "#D62728"
 ROOT = "#374151"
 TOUCHED = "#E69F00"
 BOX_W, BOX_H = 0.9, 0.74
-RUN_COLORS = {"cache on": "#009E73", "cache off": "#CC79A7"}
+RUN_COLORS = {"cache on": TECHNIQUE_COLOR, "cache off": BASELINE_COLOR}
 
 
 def _visible(text: str) -> str:

@@ -62,9 +62,21 @@ class RoundView:
         return int(self.raw["num_drafted"])
 
     @property
+    def sampled(self) -> bool:
+        return self.raw["mode"] == "sampled"
+
+    @property
     def ratios(self) -> list[float]:
-        """min(1, p/q) per draft: the probability the rule keeps it."""
+        """min(1, p/q) per draft: the probability the sampled rule keeps it (greedy rounds draw nothing:
+        there p is the temperature-1 softmax, recorded for display only, and this is not a probability)."""
         return [min(1.0, p / q) if q > 0 else 1.0 for p, q in zip(self.raw["p"], self.raw["q"])]
+
+    @property
+    def argmax_match(self) -> list[bool | None]:
+        """Per draft: was it the target's argmax at its row? None for drafts after the rejection, whose rows
+        were conditioned on a rejected token. Under greedy this is the whole rule: accepted iff True."""
+        return [None if v == "unverified" else int(d) == int(a) for d, a, v in
+                zip(self.raw["draft_token_ids"], self.raw["target_argmax_ids"], self.raw["verdicts"])]
 
     @property
     def written_slots(self) -> int:
@@ -114,6 +126,18 @@ def round_sentence(r: RoundView) -> str:
     return (f"**{r.request_id}** ({r['mode']}): drafted {g}, accepted {n}, {tail} → **{r.emitted} token"
             f"{'s' if r.emitted != 1 else ''} from one target pass**; {r.rolled_back} of {r.written_slots} "
             f"KV slots written in the pass rolled back.")
+
+
+def rule_caption(r: RoundView) -> str:
+    """What the round chart's bottom panel shows, in words: it differs between greedy and sampled rounds."""
+    if r.sampled:
+        return ("Bottom panel (sampled): the bar is min(1, p/q), the chance the rule keeps that draft; the black "
+                "tick is the draw u ~ U[0, 1) that decided it (kept iff u < p/q). Drafts after a rejection are "
+                "never checked.")
+    return ("Bottom panel (greedy): nothing is drawn at random. A draft is kept iff it is the target's argmax at "
+            "its row (✓), and the first one that is not (✗) is replaced by that argmax. The bar is the target's "
+            "probability of the draft (softmax at T = 1), for scale only: a kept draft at 0.4 was kept because no "
+            "other token scored higher, not with probability 0.4.")
 
 
 # ---- over steps ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Speculative decoding charts: one verification round (drafts, p, q, min(1, p/q) with u, what the
-target emits, the KV slots kept and rolled back), acceptance and tokens per pass over steps, draft vs
-verify time, the closed form with the measured point, the CPU benchmark and the drafter comparison."""
+"""Speculative decoding charts: one verification round (drafts, p, q, what the target emits, the KV slots
+kept and rolled back, and the rule that decided: min(1, p/q) with u when sampled, the argmax match when
+greedy), acceptance and tokens per pass over steps, draft vs verify time, the closed form with the
+measured point, the CPU benchmark and the drafter comparison."""
 from __future__ import annotations
 
 import math
@@ -33,6 +34,11 @@ def _fill(color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+def _short(text: str) -> str:
+    """A token's text cut to fit a chip, escaped for Plotly's HTML-ish labels."""
+    return (text if len(text) <= 12 else text[:11] + "…").replace("<", "&lt;")
+
+
 def _chip(fig: go.Figure, x: float, y0: float, y1: float, text: str, color: str, *, dash: str | None = None,
           strong: bool = False, hatch: bool = False) -> None:
     fig.add_shape(type="rect", x0=x - 0.44, x1=x + 0.44, y0=y0, y1=y1, row=1, col=1,
@@ -41,18 +47,72 @@ def _chip(fig: go.Figure, x: float, y0: float, y1: float, text: str, color: str,
     if hatch:
         fig.add_shape(type="line", x0=x - 0.44, x1=x + 0.44, y0=y0, y1=y1, row=1, col=1,
                       line=dict(color=color, width=1.5))
-    short = text if len(text) <= 12 else text[:11] + "…"
-    fig.add_annotation(x=x, y=(y0 + y1) / 2, text=short.replace("<", "&lt;") or "∅", showarrow=False, row=1, col=1,
+    fig.add_annotation(x=x, y=(y0 + y1) / 2, text=_short(text) or "∅", showarrow=False, row=1, col=1,
                        font=dict(family=MONO, size=14, color="#111827"))
+
+
+def _sampled_rule_panel(fig: go.Figure, r: RoundView) -> None:
+    """Row 2 of a sampled round: min(1, p/q), the chance the rule keeps each draft, with the draw u."""
+    g, ratios = r.g, r.ratios
+    fig.add_bar(x=list(range(g)), y=ratios, marker_color=[VERDICT_COLORS[v] for v in r["verdicts"]], width=0.6,
+                row=2, col=1, showlegend=False, customdata=list(zip(r["p"], r["q"])),
+                hovertemplate="min(1, p/q) = %{y:.3f} (p %{customdata[0]:.3f}, q %{customdata[1]:.3f})"
+                              "<extra></extra>")
+    us = r["uniforms"] or [None] * g
+    xs = [i for i in range(g) if us[i] is not None]
+    if xs:
+        fig.add_scatter(x=xs, y=[us[i] for i in xs], mode="markers", name="u ~ U[0, 1) (keep iff u < p/q)",
+                        marker=dict(symbol="line-ew", size=34, line=dict(width=4, color="#111827")), row=2, col=1,
+                        hovertemplate="u = %{y:.3f}<extra></extra>")
+    fig.add_hline(y=1.0, line=dict(color=MUTED, dash="dash", width=1), row=2, col=1)
+    fig.update_yaxes(row=2, col=1, range=[0, 1.3], title_text="min(1, p/q)", tickvals=[0, 0.5, 1], fixedrange=True)
+
+
+def _greedy_rule_panel(fig: go.Figure, r: RoundView) -> None:
+    """Row 2 of a greedy round. The rule draws nothing: a draft is kept iff it is the target's argmax, so
+    the panel marks that match (✓ / ✗) on a bar of the target's p(draft), which is there for scale only;
+    a bar of min(1, p/q) here would read as a keep probability the rule never used."""
+    g, p = r.g, r["p"]
+    match = r.argmax_match
+    wanted = r["target_argmax_texts"]
+    fig.add_bar(x=list(range(g)), y=p, marker_color=[VERDICT_COLORS[v] for v in r["verdicts"]], width=0.6,
+                row=2, col=1, showlegend=False,
+                customdata=[[r["draft_texts"][i].replace("<", "&lt;"), wanted[i].replace("<", "&lt;"),
+                             "not checked" if match[i] is None else "= argmax: kept" if match[i]
+                             else "≠ argmax: rejected"] for i in range(g)],
+                hovertemplate="target p(%{customdata[0]}) = %{y:.3f} (T = 1)<br>target's argmax here: "
+                              "%{customdata[1]} · %{customdata[2]}<extra></extra>")
+    for i in range(g):
+        top = p[i]
+        if match[i] is None:
+            text, color = "not checked", MUTED
+        elif match[i]:
+            text, color = "✓ argmax", ACCEPTED
+        else:  # above the argmax's tick too (final_p >= p[i]: it is the most likely token there)
+            text, color, top = f"✗ argmax was {_short(wanted[i])}", REJECTED, max(top, r["final_p"])
+        fig.add_annotation(x=i, y=top + 0.1, row=2, col=1, showarrow=False, text=text, font=dict(size=12, color=color))
+    i = r.rejected_index
+    if i is not None:  # the argmax that replaced the rejected draft: final_p is its probability at that row
+        fig.add_scatter(x=[i], y=[r["final_p"]], mode="markers", name="target's argmax (its p)", legendrank=1001,
+                        marker=dict(symbol="line-ew", size=34, line=dict(width=4, color=RESAMPLED)), row=2, col=1,
+                        customdata=[wanted[i].replace("<", "&lt;")],
+                        hovertemplate="argmax %{customdata}: p = %{y:.3f}<extra></extra>")
+    fig.update_yaxes(row=2, col=1, range=[0, 1.3], title_text="target p(draft)", tickvals=[0, 0.5, 1],
+                     fixedrange=True)
 
 
 def round_figure(r: RoundView, title: str | None = None) -> go.Figure:
     """Top: the drafts (coloured by verdict), what the target emits below them, and the KV slots the
-    verification pass wrote (kept vs rolled back). Bottom: min(1, p/q) per draft with u marked."""
+    verification pass wrote (kept vs rolled back). Bottom, the rule that decided: sampled rounds show
+    min(1, p/q) per draft with u marked; greedy rounds whether each draft was the target's argmax."""
     g, n = r.g, int(r["num_accepted"])
     pos = int(r["position"])
-    sampled = r["mode"] == "sampled"
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.07)
+    sampled = r.sampled
+    # Row 2's own title names the rule (short: subplot titles do not wrap, and must fit a 1280 px window).
+    rule = ("sampled rule: keep a draft iff u < p/q (bar: min(1, p/q), the chance it is kept)" if sampled else
+            "greedy rule: keep a draft iff it is the target's argmax (no random draw)")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.09,
+                        subplot_titles=["", rule])
     # Row 1, band 3 (y 2.15-2.95): the drafter's proposal.
     for i in range(g):
         v = r["verdicts"][i]
@@ -94,26 +154,10 @@ def round_figure(r: RoundView, title: str | None = None) -> go.Figure:
                                   "%{customdata[3]} · target's argmax here: %{customdata[4]}<extra></extra>")
     fig.update_yaxes(row=1, col=1, range=[0, 3.05], tickvals=[0.37, 1.5, 2.55], showgrid=False, zeroline=False,
                      ticktext=["KV slots written", "target emits", "drafter proposes"], fixedrange=True)
-    # Row 2: min(1, p/q) and u.
-    ratios = r.ratios
-    fig.add_bar(x=list(range(g)), y=ratios, marker_color=[VERDICT_COLORS[v] for v in r["verdicts"]], width=0.6,
-                row=2, col=1, showlegend=False, customdata=list(zip(r["p"], r["q"])),
-                hovertemplate="min(1, p/q) = %{y:.3f} (p %{customdata[0]:.3f}, q %{customdata[1]:.3f})"
-                              "<extra></extra>")
-    us = r["uniforms"]
-    if sampled and us:
-        xs = [i for i in range(g) if us[i] is not None]
-        fig.add_scatter(x=xs, y=[us[i] for i in xs], mode="markers", name="u ~ U[0, 1) (keep iff u < p/q)",
-                        marker=dict(symbol="line-ew", size=34, line=dict(width=4, color="#111827")), row=2, col=1,
-                        hovertemplate="u = %{y:.3f}<extra></extra>")
+    if sampled:
+        _sampled_rule_panel(fig, r)
     else:
-        for i in range(g):
-            if r["verdicts"][i] == "rejected":
-                fig.add_annotation(x=i, y=min(ratios[i], 1.0) + 0.12, row=2, col=1, showarrow=False,
-                                   text=f"target wanted {r['target_argmax_texts'][i]}",
-                                   font=dict(size=12, color=REJECTED))
-    fig.add_hline(y=1.0, line=dict(color=MUTED, dash="dash", width=1), row=2, col=1)
-    fig.update_yaxes(row=2, col=1, range=[0, 1.3], title_text="min(1, p/q)", tickvals=[0, 0.5, 1], fixedrange=True)
+        _greedy_rule_panel(fig, r)
     labels = ["last token"] + [f"draft {i + 1}" for i in range(g)] + ["bonus slot"]
     fig.update_xaxes(tickvals=list(range(-1, g + 1)), ticktext=labels, range=[-1.55, g + 0.55], showgrid=False,
                      zeroline=False, row=2, col=1)

@@ -8,7 +8,8 @@ from engine.trace import StepRecord
 
 from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compare_drafters, current_gamma,
                                       expected_tokens_per_pass, load_bench, measured_c, predicted_speedup,
-                                      round_sentence, spec_series, speedup_vs_plain, step_rounds, step_skipped)
+                                      round_sentence, rule_caption, spec_series, speedup_vs_plain, step_rounds,
+                                      step_skipped)
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
 from app.formatting import fmt_duration
@@ -91,9 +92,13 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     rounds = step_rounds(record)
     m = st.columns(5)
     short = {"ngram": "n-gram", "early_exit": "early exit", "draft_model": "draft model", "none": "none"}
-    m[0].metric("Drafter", f"{short.get(cfg.spec_drafter, cfg.spec_drafter)}, γ {cfg.spec_gamma}",
-                help=f"γ = {cfg.spec_gamma}" + (f", {cfg.spec_draft_layers} of 30 layers"
-                                                 if cfg.spec_drafter == "early_exit" else ""))
+    # Values stay short (one line in a fifth of a 1600 px page); the detail goes in the grey delta chip.
+    drafting = cfg.spec_drafter != "none"
+    layers = f" · {cfg.spec_draft_layers} layers" if cfg.spec_drafter == "early_exit" else ""
+    m[0].metric("Drafter", short.get(cfg.spec_drafter, cfg.spec_drafter),
+                delta=f"γ {cfg.spec_gamma}{layers}" if drafting else None, delta_color="off", delta_arrow="off",
+                help=(f"γ = {cfg.spec_gamma} drafts per round" + (f", the first {cfg.spec_draft_layers} of 30 layers"
+                                                                  if layers else "")) if drafting else None)
     m[1].metric("α so far", f"{last.alpha:.2f}" if last and last.alpha is not None else "–",
                 help=f"accepted {last.accepted} / (accepted + {last.rejected_rounds} rejections); "
                      f"{last.drafted} drafted" if last else None)
@@ -101,8 +106,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                 help="decode tokens emitted / decode passes per request (plain decoding: 1.00)")
     tot_d = sum(p.draft_seconds for p in series)
     tot_v = sum(p.verify_seconds for p in series)
-    m[3].metric("Draft / verify time", f"{fmt_duration(tot_d)} / {fmt_duration(tot_v)}",
-                help="summed over the steps so far")
+    m[3].metric("Time drafting", fmt_duration(tot_d), delta=f"verifying {fmt_duration(tot_v)}",
+                delta_color="off", delta_arrow="off",
+                help="summed over the steps so far: the drafter's time, and the verification passes + rule")
     m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}",
                 help=f"tokens emitted / speculative rounds verified; wall {record.wall_seconds * 1e3:.0f} ms")
     if cfg.spec_drafter == "none":
@@ -125,6 +131,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
         show_figure(round_figure(chosen, f"Step {shown_step} · {chosen.request_id}: the verification round at "
                                          f"position {chosen['position']} ({chosen['mode']})"),
                     key=f"{page}-round", height=520)
+        st.caption(rule_caption(chosen))
     else:
         st.caption("No verification round yet: step on (or scrub forward) to a decode step.")
     left, right = st.columns([1.3, 1])

@@ -15,7 +15,8 @@ R = TypeVar("R")
 def comparison_runner(session: EngineSession, page: str, *, button_label: str, button_key: str, progress_text: str,
                       step_text: str, expected_steps: int, hint: str,
                       run: Callable[[Callable[[int], None]], R], errors_of: Callable[[R], Iterable[str]]) -> R | None:
-    """Draw the button and, when pressed, call `run(on_progress)` and store its result for this page.
+    """Draw the button and, when pressed, call `run(on_progress)`, store its result for this page and
+    rerun the script (so what the page draws above this block shows the fresh result too).
 
     `progress_text` is the bar's text before the first step; after step n it reads
     `step_text.format(n=n)`, the bar full at `expected_steps`. Returns the stored runs (with a caption
@@ -29,6 +30,9 @@ def comparison_runner(session: EngineSession, page: str, *, button_label: str, b
         cache["compare"] = (key, run(lambda n: bar.progress(min(n / expected_steps, 1.0),
                                                              text=step_text.format(n=n))))
         bar.empty()
+        # Sections drawn above this block in the same run (the speculative page's closed-form chart marks
+        # the measured speedup) rendered before the result existed: rerun so every one of them sees it.
+        st.rerun()
     stored = cache.get("compare")
     if stored is None:
         st.caption(hint)

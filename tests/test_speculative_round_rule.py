@@ -51,7 +51,9 @@ def test_greedy_round_shows_the_argmax_rule_not_a_keep_probability() -> None:
     r = _round("greedy")
     fig = round_figure(r, "a greedy round")
     (bars,) = _row2_bars(fig)
-    assert list(bars.y) == r["p"]  # the target's p(draft), not min(1, p/q) (which would be 0.82, 0.87, ...)
+    # The target's p(draft), not min(1, p/q) (which would be 0.82, 0.87, ...); no bar after the rejection,
+    # whose row was conditioned on a token the target did not keep.
+    assert list(bars.y) == r["p"][:3] + [0.0]
     assert fig.layout.yaxis2.title.text == "target p(draft)"
     texts = _texts(fig)
     assert texts.count("✓ argmax") == 2 and "✗ argmax was ␣dog" in texts and "not checked" in texts
@@ -98,4 +100,4 @@ def test_real_greedy_rounds_chart_their_argmax_match(tiny_weights) -> None:  # n
         assert [m is True for m in match] == [v == "accepted" for v in r["verdicts"]]
         assert [m is False for m in match] == [v == "rejected" for v in r["verdicts"]]
         (bars,) = _row2_bars(round_figure(r))
-        assert list(bars.y) == r["p"]
+        assert list(bars.y) == [p if m is not None else 0.0 for p, m in zip(r["p"], match)]

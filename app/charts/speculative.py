@@ -72,8 +72,10 @@ def _greedy_rule_panel(fig: go.Figure, r: RoundView) -> None:
     """Row 2 of a greedy round. The rule draws nothing: a draft is kept iff it is the target's argmax, so
     the panel marks that match (✓ / ✗) on a bar of the target's p(draft), which is there for scale only;
     a bar of min(1, p/q) here would read as a keep probability the rule never used."""
-    g, p = r.g, r["p"]
+    g = r.g
     match = r.argmax_match
+    # No bar after the rejection: those rows were conditioned on a token the target did not keep.
+    p = [v if m is not None else 0.0 for v, m in zip(r["p"], match)]
     wanted = r["target_argmax_texts"]
     fig.add_bar(x=list(range(g)), y=p, marker_color=[VERDICT_COLORS[v] for v in r["verdicts"]], width=0.6,
                 row=2, col=1, showlegend=False,

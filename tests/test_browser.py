@@ -93,6 +93,17 @@ def assert_metrics_fit(pg) -> None:  # noqa: ANN001
     assert not overflowing, f"metrics cut off or spilling over: {overflowing}"
 
 
+def assert_buttons_fit(pg) -> None:  # noqa: ANN001
+    """No button's or widget label's text is cut off ("Apply an…" in a sixth of a 1280-pixel row, "Use this
+    prompt" beside the prompt box): each element that holds text is as wide as its text."""
+    cut = pg.evaluate("""() => [...document.querySelectorAll(
+        '[data-testid="stMain"] button, [data-testid="stMain"] [data-testid="stWidgetLabel"] p')]
+        .flatMap(b => [b, ...b.querySelectorAll('p, span, div')])
+        .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+        .map(e => e.innerText.trim()).filter(t => t)""")
+    assert not cut, f"button or label text cut off: {sorted(set(cut))}"
+
+
 def assert_formulas_fit(pg) -> int:  # noqa: ANN001
     """Every formula of the explanation panel is drawn whole inside its column (no KaTeX error, nothing past
     the column's right edge); returns how many there are."""
@@ -238,6 +249,7 @@ def test_text_fits_a_projector(server, page) -> None:  # noqa: ANN001
             step(page, 1)
             step(page, 2)
         assert_chart_text_fits(page)
+        assert_buttons_fit(page)
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
@@ -249,6 +261,13 @@ def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     wait_idle(page)
     step(page, 1)
     assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    for path in ("speculative-decoding", "medusa-eagle", "flashattention"):  # forms with a button in a knob row
+        open_page(page, server, path)  # a new session: presentation mode is off again
+        page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
+                     has_text="Presentation mode").first.click()
+        wait_idle(page)
+        assert_buttons_fit(page)
     open_page(page, server, "paged-attention")
     page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
                  has_text="Presentation mode").first.click()

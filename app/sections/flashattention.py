@@ -134,7 +134,7 @@ def _row_control(n: int, container) -> int:  # noqa: ANN001 (a Streamlit column)
 def settings_section() -> FlashSettings:
     cfg = shared_weights().config
     with st.form("flash-prompt-form", border=False):
-        c = st.columns([5, 1], vertical_alignment="bottom")
+        c = st.columns([4, 1], vertical_alignment="bottom")  # [5, 1] cut "Use this prompt" at 1280 px
         prompt = c[0].text_area("Prompt (its real Q, K, V are taken from the model)", DEFAULT_PROMPT, height=100,
                                 key="flash-prompt")
         chat = c[1].checkbox("chat template", True, key="flash-chat")

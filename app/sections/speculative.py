@@ -63,7 +63,9 @@ def spec_controls(session: EngineSession, page: str) -> None:
     """Drafter, γ, draft layers and greedy/sampled for every request, applied by restarting the engine."""
     cfg = session.scenario.engine_config()
     with st.form(key=f"{page}-spec-form", border=True):
-        c = st.columns([1.6, 1.3, 1.2, 1.9, 1.3], vertical_alignment="bottom")
+        # The button has its own row: in a sixth of the row its text was cut ("Apply an…") at 1280 px,
+        # and on a projector the enlarged labels squeezed every knob.
+        c = st.columns([1.6, 1.3, 1.2, 1.9], vertical_alignment="bottom")
         drafters = ["ngram", "early_exit", "draft_model", "none"]
         drafter = c[0].selectbox("Drafter", drafters,
                                  index=drafters.index(cfg.spec_drafter) if cfg.spec_drafter in drafters else 0,
@@ -74,7 +76,7 @@ def spec_controls(session: EngineSession, page: str) -> None:
                                    key=f"{page}-spec-layers")
         mode = c[3].selectbox("Decoding (all requests)", DECODING_MODES, index=default_mode_index(session.scenario),
                               key=f"{page}-spec-mode")
-        applied = c[4].form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
+        applied = st.form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
     if applied:
         scenario = session.scenario.with_engine(spec_drafter=drafter, spec_gamma=int(gamma),
                                                 spec_draft_layers=int(layers))

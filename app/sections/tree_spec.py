@@ -58,7 +58,9 @@ def tree_explanation() -> None:
 def tree_controls(session: EngineSession, page: str) -> None:
     cfg = session.scenario.engine_config()
     with st.form(key=f"{page}-tree-form", border=True):
-        c = st.columns([1.4, 1.1, 1.1, 1.1, 1.7, 1.3], vertical_alignment="bottom")
+        # The button has its own row: in a sixth of the row its text was cut ("Apply an…") at 1280 px,
+        # and on a projector the enlarged labels squeezed every knob.
+        c = st.columns([1.4, 1.1, 1.1, 1.1, 1.7], vertical_alignment="bottom")
         options = list(TREE_DRAFTERS) + ["none"]
         current = cfg.spec_drafter if cfg.spec_drafter in options else "eagle"
         drafter = c[0].selectbox("Drafter", options, index=options.index(current),
@@ -72,7 +74,7 @@ def tree_controls(session: EngineSession, page: str) -> None:
                                 "head the static tree may use")
         mode = c[4].selectbox("Decoding (all requests)", DECODING_MODES, index=default_mode_index(session.scenario),
                               key=f"{page}-tree-mode")
-        applied = c[5].form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
+        applied = st.form_submit_button("Apply and restart", icon=":material/restart_alt:", type="primary")
     if applied:
         scenario = session.scenario.with_engine(spec_drafter=drafter, spec_gamma=1, spec_tree_nodes=int(nodes),
                                                 spec_tree_depth=int(depth), spec_tree_topk=int(topk))

@@ -77,6 +77,44 @@ def test_paged_attention_shows_copy_on_write(random_app: AppTest) -> None:
     assert at.metric[2].label.startswith("Shared blocks") and int(at.metric[2].value) >= 1
 
 
+def test_paged_attention_after_run_to_end_points_at_the_fullest_step(random_app: AppTest) -> None:
+    at = open_page(random_app, "03_paged_attention.py")
+    at.button(key="paged-btn-end").click().run()
+    assert_clean(at)
+    records = session_of(at, "paged").records
+    assert records[-1].pool.used_blocks == 0  # every request finished and freed its blocks
+    peak = max(records, key=lambda r: r.pool.used_blocks)
+    hint = [i.value for i in at.info if "fullest at step" in i.value]
+    assert hint == [f"Every request has finished and returned its blocks to the free list. The pool was fullest at "
+                    f"step {peak.step} ({peak.pool.used_blocks} of {peak.pool.num_blocks} blocks): drag the "
+                    "timeline there to see the blocks and tables in use."]
+    # Scrubbed to that step, the grid is in use and the hint is gone.
+    at.slider(key="paged-scrub").set_value(peak.step).run()
+    assert_clean(at)
+    assert not any("fullest at step" in i.value for i in at.info)
+    assert at.metric[0].value == f"{peak.pool.used_blocks} / {peak.pool.num_blocks}"
+
+
+def test_paged_charts_of_an_empty_pool_say_so(random_weights) -> None:  # noqa: ANN001
+    from app.charts.block_pool import waste_over_time
+    from app.charts.block_tables import block_table_grid, mapping_graph
+    from app.scenario_library import PAGED_ATTENTION
+    from app.session import EngineSession
+
+    s = EngineSession.create(PAGED_ATTENTION[0], random_weights, {"device": "cpu", "dtype": "float32",
+                                                                  "weights": "random"})
+    s.run(400)
+    last = s.records[-1]
+    assert not last.block_tables and last.pool.allocated_tokens == 0
+    for fig in (block_table_grid(last, s.request_order), mapping_graph(last, s.request_order)):
+        assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False  # no bare axes
+        assert any("no sequence holds blocks" in a.text or "free list" in a.text for a in fig.layout.annotations)
+    # Waste with nothing allocated is undefined: a gap in both lines (the metric shows "–"), not a drop to 0 %.
+    contig, paged = waste_over_time(s.records).data[:2]
+    assert contig.y[-1] is None and paged.y[-1] is None
+    assert all(v is not None for v in paged.y[:-1]) and contig.y[0] > 50
+
+
 def test_play_and_pause_toggle(random_app: AppTest) -> None:
     at = open_page(random_app, "01_kv_cache.py")
     at.button(key="kv-btn-play").click().run()

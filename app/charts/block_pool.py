@@ -15,7 +15,7 @@ from engine.trace import StepRecord
 from app.analysis.trace_metrics import block_fills
 from app.charts.axes import step_ticks
 from app.charts.colors import ink_on, owner_color, tint
-from app.theme import FREE_COLOR, MUTED, SHARED_COLOR
+from app.theme import BASELINE_COLOR, FREE_COLOR, MUTED, SHARED_COLOR, TECHNIQUE_COLOR
 
 GAP = 0.08
 
@@ -74,15 +74,16 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
 
 def waste_over_time(records: list[StepRecord]) -> go.Figure:
     steps = [r.step for r in records]
-    paged = [100 * r.pool.paged_waste_fraction for r in records]
-    contig = [100 * r.pool.contiguous_waste_fraction for r in records]
+    # With nothing allocated (every request finished) waste is undefined, not 0 %: a gap, like the metric's "–".
+    paged = [100 * r.pool.paged_waste_fraction if r.pool.allocated_tokens else None for r in records]
+    contig = [100 * r.pool.contiguous_waste_fraction if r.pool.contiguous_reserved_tokens else None for r in records]
     fig = go.Figure()
     fig.add_scatter(x=steps, y=contig, name="contiguous: reserve max_model_len per request", mode="lines+markers",
-                    line=dict(color="#D62728", width=3),
+                    line=dict(color=BASELINE_COLOR, width=3),
                     customdata=[(r.pool.contiguous_waste_tokens, r.pool.contiguous_reserved_tokens) for r in records],
                     hovertemplate="step %{x}: %{y:.1f}% wasted (%{customdata[0]} of %{customdata[1]} slots)<extra></extra>")
     fig.add_scatter(x=steps, y=paged, name="paged: only the tail block's empty slots", mode="lines+markers",
-                    line=dict(color="#009E73", width=3),
+                    line=dict(color=TECHNIQUE_COLOR, width=3),
                     customdata=[(r.pool.internal_waste_tokens, r.pool.allocated_tokens) for r in records],
                     hovertemplate="step %{x}: %{y:.1f}% wasted (%{customdata[0]} of %{customdata[1]} slots)<extra></extra>")
     fig.update_layout(title="Reserved but unused KV slots (measured each step)", xaxis_title="engine step",

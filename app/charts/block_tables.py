@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from engine.trace import StepRecord
 
 from app.charts.colors import ink_on, owner_color, tint
-from app.theme import SHARED_COLOR, request_color
+from app.theme import MUTED, SHARED_COLOR, request_color
 
 
 def _ordered_tables(record: StepRecord, order: list[str]):
@@ -24,6 +24,12 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
     tables = _ordered_tables(record, order)
     bs = record.pool.block_size
     fig = go.Figure()
+    if not tables:  # a lone "0" tick under an empty plot read as a broken chart
+        fig.update_layout(title=dict(text="Block tables", subtitle=dict(text="each cell holds a physical block id")),
+                          xaxis=dict(visible=False), yaxis=dict(visible=False), margin=dict(l=70, r=10, t=60, b=50))
+        fig.add_annotation(text="no sequence holds blocks at this step", x=0.5, y=0.5, xref="paper", yref="paper",
+                           showarrow=False, font=dict(color=MUTED, size=14))
+        return fig
     xs, ys, texts, hovers, inks = [], [], [], [], []
     labels = [t.request_id for t in tables]
     width = max((len(t.block_ids) for t in tables), default=1)
@@ -66,7 +72,11 @@ def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
             g.add_edge(("seq", t.request_id), ("blk", b), logical=i)
     fig = go.Figure()
     if not tables:
-        fig.update_layout(title="No sequence holds blocks at this step")
+        # Bare axes with a 0-4 grid read as a broken chart: say it inside an empty frame instead.
+        fig.update_layout(title="No sequence holds blocks at this step", xaxis=dict(visible=False),
+                          yaxis=dict(visible=False))
+        fig.add_annotation(text="every block is on the free list", x=0.5, y=0.5, xref="paper", yref="paper",
+                           showarrow=False, font=dict(color=MUTED, size=14))
         return fig
     # Fixed columns in a chosen order (networkx's bipartite layout would sort nodes arbitrarily).
     pos = {n: (0.0, 1 - i / max(len(seq_nodes) - 1, 1)) for i, n in enumerate(seq_nodes)}

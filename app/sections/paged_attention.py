@@ -68,6 +68,12 @@ def pool_section(session: EngineSession, record: StepRecord, history: list[StepR
                 f"{100 * pool.contiguous_waste_fraction:.1f}%" if pool.contiguous_reserved_tokens else "–",
                 help=f"{pool.contiguous_waste_tokens} of {pool.contiguous_reserved_tokens} slots if each live "
                      "sequence reserved max_model_len")
+    fullest = max(history, key=lambda r: r.pool.used_blocks)
+    if pool.used_blocks == 0 and fullest.pool.used_blocks:
+        # After Run to end every request has freed its blocks: an empty grid is right, but teaches nothing.
+        st.info(f"Every request has finished and returned its blocks to the free list. The pool was fullest at "
+                f"step {fullest.step} ({fullest.pool.used_blocks} of {pool.num_blocks} blocks): drag the timeline "
+                "there to see the blocks and tables in use.", icon=":material/history:")
     highlight = cow_callout(history, record)
     show_figure(block_pool_grid(record, session.request_order, highlight), key="paged-pool", height=470)
     free = [b for b, r in enumerate(pool.ref_counts) if r == 0]

@@ -65,6 +65,14 @@ def test_tree_graph_mask_and_sentence() -> None:
     assert "5 nodes" in round_sentence(r) and "3 tokens" in round_sentence(r)
     fig = draft_tree_figure(r)
     assert {t.name for t in fig.data if t.name} >= {"accepted (on the kept path)", "checked and rejected"}
+    # Node labels take their size from the trace font only, which presentation mode scales: an inline
+    # "font-size:10px" for q stayed 10 px on the projector.
+    from app.theme import scale_explicit_fonts
+    labels = [t for t in fig.data if t.text]
+    assert labels and not any("font-size" in text for t in labels for text in t.text)
+    before = [t.textfont.size for t in labels]
+    scale_explicit_fonts(fig, 1.5)
+    assert [t.textfont.size for t in labels] == [round(s * 1.5) for s in before]
 
 
 def test_session_series_cost_and_compare(random_weights) -> None:  # noqa: ANN001

@@ -65,7 +65,8 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
                 texts.append(f"<b>{_label(d['text'])}</b> p {d['p']:.2f}")
                 hovers.append(f"{STATUS_NAMES[status]}: “{d['text']}”, target p = {d['p']:.3f}")
             else:
-                texts.append(f"{_label(d['text'])} <span style='font-size:10px'>{d['q']:.2f}</span>")
+                # q in grey at the token's size: a fixed 10 px span stayed 10 px in presentation mode.
+                texts.append(f"{_label(d['text'])} <span style='color:{MUTED}'>{d['q']:.2f}</span>")
                 hovers.append(f"node {n} (row {d['row']}, depth {d['depth']}): “{d['text']}”<br>"
                               f"q = {d['q']:.3f}, path probability {d['path_prob']:.3f}<br>"
                               f"target's argmax after it: “{d['argmax']}”<br>{STATUS_NAMES[status]}")
@@ -73,7 +74,7 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
                         marker=dict(size=16 if status in ("root", "bonus", "resampled") else 13,
                                     color=STATUS_COLORS[status], line=dict(color="white", width=1.5),
                                     symbol="diamond" if status in ("bonus", "resampled") else "circle"),
-                        textfont=dict(size=12, color="#111827"), hovertext=hovers, hoverinfo="text",
+                        textfont=dict(size=13, color="#111827"), hovertext=hovers, hoverinfo="text",
                         name=STATUS_NAMES.get(status, "root (last sampled token)"))
     depth = max(x for x, _ in pos.values())
     leaves = -min(y for _, y in pos.values())

@@ -46,6 +46,7 @@ def test_one_strip_per_request_in_session_order(runs) -> None:  # noqa: ANN001
     labels = [a.text for a in fig.layout.annotations]
     assert all(f"<b>{r}</b>" in labels for r in ids)
     assert gap_figure_height(len(ids) + 1) > gap_figure_height(len(ids))
+    assert fig.layout.height == gap_figure_height(len(ids))  # the section shows it at its own height
 
 
 def test_bands_cover_exactly_the_steps_with_a_prompt_chunk(runs) -> None:  # noqa: ANN001

@@ -134,6 +134,7 @@ def _y_title(fig: go.Figure) -> None:
 
 
 def token_gap_figure(records, order: list[str], selected_time: float | None = None) -> go.Figure:  # noqa: ANN001
+    """Sized for its number of strips (layout.height): show it at that height."""
     gaps = token_gaps(records)
     ids = gap_request_ids(gaps, order)
     title = "Time between tokens, one strip per request (shared axes)"
@@ -141,7 +142,8 @@ def token_gap_figure(records, order: list[str], selected_time: float | None = No
         fig = go.Figure()
         fig.add_annotation(text="no request has two tokens yet", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
-        fig.update_layout(title=title, xaxis_title="engine clock (s)", yaxis_title="ms since the previous token")
+        fig.update_layout(title=title, xaxis_title="engine clock (s)", yaxis_title="ms since the previous token",
+                          height=gap_figure_height(0))
         return fig
     fig = make_subplots(rows=len(ids), cols=1, shared_xaxes=True, shared_yaxes="all", vertical_spacing=0.03)
     for i, rid in enumerate(ids, start=1):
@@ -157,13 +159,13 @@ def token_gap_figure(records, order: list[str], selected_time: float | None = No
     _y_title(fig)
     _shared_y(fig, gaps)
     fig.update_xaxes(title_text="engine clock (s)", row=len(ids), col=1)
-    fig.update_layout(title=title, margin=dict(l=80))
+    fig.update_layout(title=title, margin=dict(l=80), height=gap_figure_height(len(ids)))
     return fig
 
 
 def compare_gaps_figure(runs: dict[str, ChunkRun], order: list[str]) -> go.Figure:
     """Time between tokens under both policies: a strip per request, a column per policy, every axis shared
-    so the same request's stalls line up side by side at the same scale."""
+    so the same request's stalls line up side by side at the same scale. Sized like `token_gap_figure`."""
     keys = list(runs)
     per_run = {k: token_gaps(list(runs[k].records)) for k in keys}
     ids = gap_request_ids([g for gaps in per_run.values() for g in gaps], order) or ["–"]
@@ -184,7 +186,7 @@ def compare_gaps_figure(runs: dict[str, ChunkRun], order: list[str]) -> go.Figur
     _legend_keys(fig)
     _y_title(fig)
     _shared_y(fig, [g for gaps in per_run.values() for g in gaps])
-    fig.update_layout(margin=dict(l=80))
+    fig.update_layout(margin=dict(l=80), height=gap_figure_height(len(ids)))
     return fig
 
 

@@ -4,24 +4,29 @@ from __future__ import annotations
 from app.theme import CACHE_COLOR, FREE_COLOR, SHARED_COLOR, request_color
 
 
+def rgb_channels(color: str) -> tuple[int, int, int]:
+    """0-255 channels of "#RRGGBB" or "rgb(r,g,b)" (what `tint` returns)."""
+    if color.startswith("rgb("):
+        r, g, b = (int(c) for c in color[4:-1].split(","))
+    else:
+        h = color.lstrip("#")
+        r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return r, g, b
+
+
 def tint(hex_color: str, alpha: float) -> str:
     """The colour blended towards white (alpha 1 = the colour itself); opaque, so tiles overlap cleanly."""
-    h = hex_color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
     mix = lambda c: round(255 - (255 - c) * alpha)  # noqa: E731
-    return f"rgb({mix(r)},{mix(g)},{mix(b)})"
+    r, g, b = (mix(c) for c in rgb_channels(hex_color))
+    return f"rgb({r},{g},{b})"
 
 
 INK = "#111827"
 
 
 def relative_luminance(color: str) -> float:
-    """WCAG relative luminance of "#RRGGBB" or "rgb(r,g,b)" (what `tint` returns)."""
-    if color.startswith("rgb("):
-        chans = [int(c) / 255 for c in color[4:-1].split(",")]
-    else:
-        h = color.lstrip("#")
-        chans = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    """WCAG relative luminance of "#RRGGBB" or "rgb(r,g,b)"."""
+    chans = [c / 255 for c in rgb_channels(color)]
     lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in chans]
     return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
 

@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 from app.analysis.speculative import (DRAFTER_LABELS, DrafterRun, RoundView, SpecPoint, expected_tokens_per_pass,
                                       predicted_speedup, speedup_vs_plain)
 from app.charts.axes import step_ticks
+from app.charts.colors import rgb_channels
 from app.theme import MUTED
 
 ACCEPTED = "#009E73"
@@ -29,8 +30,7 @@ MONO = "'JetBrains Mono', Menlo, Consolas, monospace"
 
 
 def _fill(color: str, alpha: float) -> str:
-    h = color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    r, g, b = rgb_channels(color)
     return f"rgba({r},{g},{b},{alpha})"
 
 

@@ -5,11 +5,10 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.chunked import (compare_chunking, longest_prompt_request, median_gap, step_splits, token_gaps,
-                                  worst_stall)
+from app.analysis.chunked import compare_chunking, longest_prompt_request, median_gap, step_splits, worst_stall
 from app.analysis.trace_metrics import cumulative_clock
-from app.charts.chunked import (compare_gaps_figure, compare_steps_figure, gap_figure_height, gap_request_ids,
-                                iteration_time, token_gap_figure, tokens_vs_budget)
+from app.charts.chunked import (compare_gaps_figure, compare_steps_figure, iteration_time, token_gap_figure,
+                                tokens_vs_budget)
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -72,9 +71,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     with right:
         show_figure(iteration_time(splits, record.step), key="chunked-time", height=380, export_width=700)
     clock = cumulative_clock(history)
-    strips = len(gap_request_ids(token_gaps(history), session.request_order))
-    show_figure(token_gap_figure(history, session.request_order, clock[-1] if clock else None),
-                key="chunked-gaps", height=gap_figure_height(strips))
+    gaps = token_gap_figure(history, session.request_order, clock[-1] if clock else None)
+    show_figure(gaps, key="chunked-gaps", height=gaps.layout.height)
     st.caption("One strip per request, all on the same axes. Requests that decode in the same steps get the same "
                "gaps: an iteration made long by a prompt chunk (orange band) delays the next token of every "
                "running request at once, which is why the strips rise and fall together.")
@@ -112,10 +110,8 @@ def compare_section(session: EngineSession, page: str) -> None:
                 delta=f"{(ttft['chunked'] - ttft['unchunked']) * 1e3:+.0f} ms vs prefill-first",
                 delta_color="inverse", help="what the long prompt pays for everyone else's smooth decode")
     m[3].metric(f"TTFT of {long_id}: prefill-first", f"{ttft['unchunked'] * 1e3:.0f} ms")
-    strips = len(gap_request_ids([g for r in runs.values() for g in token_gaps(list(r.records))],
-                                 session.request_order))
-    show_figure(compare_gaps_figure(runs, session.request_order), key="chunked-compare-gaps",
-                height=gap_figure_height(strips))
+    gaps = compare_gaps_figure(runs, session.request_order)
+    show_figure(gaps, key="chunked-compare-gaps", height=gaps.layout.height)
     show_figure(compare_steps_figure(runs), key="chunked-compare-steps", height=520)
     st.caption("Time is each run's own engine clock (summed step wall times). Both engines step alternately, "
                "so background load on a shared CPU falls on both; single steps can still be noisy.")

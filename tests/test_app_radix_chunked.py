@@ -5,6 +5,9 @@ Random weights keep the page tests independent of the GGUF; one test per page us
 """
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -66,6 +69,22 @@ def test_few_shot_hits_and_tree_layout(random_weights) -> None:  # noqa: ANN001
     assert len(set(xs)) == len(xs)
     fig = radix_tree_figure(snap, {}, s.records[-1].step)
     assert len(fig.layout.shapes) == g.number_of_nodes()
+    leaves = sum(1 for n in g if g.out_degree(n) == 0)
+    _assert_labels_fit(fig, leaves)
+    # Presentation mode: larger text on a narrower chart, so shorter lines.
+    _assert_labels_fit(radix_tree_figure(snap, {}, s.records[-1].step, crowding=1.47), leaves, crowding=1.47)
+
+
+def _assert_labels_fit(fig, leaves: int, crowding: float = 1.0) -> None:  # noqa: ANN001
+    """Node labels at the draft tree's 13 px, and no line wider than its box holds (the facts wrap):
+    ~136 characters of 13 px text span a 1600 px page's chart, and a box is ~0.9 of a leaf's slot."""
+    labels = next(t for t in fig.data if t.mode == "markers+text")
+    assert labels.textfont.size == 13
+    width = max(22 / crowding, 136 / (leaves * crowding)) + 2  # text lines add their quote marks
+    for text in labels.text:
+        for line in text.split("<br>"):
+            visible = html.unescape(re.sub(r"<[^>]+>", "", line))
+            assert len(visible) <= width, (line, width)
 
 
 def test_unrelated_prompts_never_hit(random_weights) -> None:  # noqa: ANN001
@@ -85,6 +104,7 @@ def test_small_pool_evicts_and_ghosts_are_drawn(random_weights) -> None:  # noqa
     assert all(g.in_degree(n) == 1 for n in ghosts)
     fig = radix_tree_figure(snap, {}, with_ev[0].step)
     assert "evicted this step" in fig.layout.title.text
+    _assert_labels_fit(fig, leaves=sum(1 for n in g if g.out_degree(n) == 0))
 
 
 def test_multi_turn_reuses_the_conversation(random_weights) -> None:  # noqa: ANN001

@@ -65,14 +65,19 @@ def test_tree_graph_mask_and_sentence() -> None:
     assert "5 nodes" in round_sentence(r) and "3 tokens" in round_sentence(r)
     fig = draft_tree_figure(r)
     assert {t.name for t in fig.data if t.name} >= {"accepted (on the kept path)", "checked and rejected"}
-    # Node labels take their size from the trace font only, which presentation mode scales: an inline
-    # "font-size:10px" for q stayed 10 px on the projector.
+    # Node labels take their size from the annotation font only, which presentation mode scales: an
+    # inline "font-size:10px" for q stayed 10 px on the projector.
     from app.theme import scale_explicit_fonts
-    labels = [t for t in fig.data if t.text]
-    assert labels and not any("font-size" in text for t in labels for text in t.text)
-    before = [t.textfont.size for t in labels]
+    labels = list(fig.layout.annotations)
+    assert len(labels) == g.number_of_nodes() and not any("font-size" in a.text for a in labels)
+    # One label per node, starting just right of its marker on an opaque ground, so the edge that
+    # leaves the node along its row does not run through the text.
+    pos = {(round(t.x[i], 6), round(t.y[i], 6)) for t in fig.data if t.mode == "markers" for i in range(len(t.x))}
+    assert {(round(a.x, 6), round(a.y, 6)) for a in labels} == pos
+    assert all(a.xanchor == "left" and a.xshift > 0 and a.bgcolor for a in labels)
+    before = [a.font.size for a in labels]
     scale_explicit_fonts(fig, 1.5)
-    assert [t.textfont.size for t in labels] == [round(s * 1.5) for s in before]
+    assert [a.font.size for a in fig.layout.annotations] == [round(s * 1.5) for s in before]
 
 
 def test_session_series_cost_and_compare(random_weights) -> None:  # noqa: ANN001
@@ -108,6 +113,14 @@ def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> Non
     session = at.session_state["engine-session:tree"]
     assert [r.step for r in session.records] == [0, 1, 2]
     assert any(m.label == "τ so far" for m in at.metric)
+    # The metric row reads like the speculative page's: short values, the detail in grey chips.
+    metrics = {m.label: m for m in at.metric}
+    assert "Draft / verify time" not in metrics
+    assert metrics["Time drafting"].delta.startswith("verifying ") and len(metrics["Time drafting"].value) <= 10
+    assert metrics["Drafter"].delta.endswith(" nodes")
+    # Five labels in a row fit one line each on a 1280 px projector in presentation mode.
+    assert all(len(label) <= 18 for label in list(metrics)[:5]), list(metrics)
+    assert metrics["This step"].delta == "tokens / rounds"
     at.slider(key="tree-scrub").set_value(0).run()
     assert_clean(at)
     at.selectbox(key="tree-tree-drafter").set_value("medusa")

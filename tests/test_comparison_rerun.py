@@ -80,3 +80,6 @@ def test_speculative_page_marks_the_measured_speedup_right_after_the_run(random_
     drafting = metrics["Time drafting"]
     assert drafting.delta.startswith("verifying ") and len(drafting.value) <= 10
     assert "γ" not in metrics["Drafter"].value and metrics["Drafter"].delta.startswith("γ ")
+    # Five labels in a row fit one line each on a 1280 px projector in presentation mode.
+    assert all(len(label) <= 18 for label in list(metrics)[:5]), list(metrics)
+    assert metrics["This step"].delta == "tokens / rounds"

@@ -23,6 +23,7 @@ STATUS_NAMES = {"accepted": "accepted (on the kept path)", "rejected": "checked 
                 "unreached": "never reached (parent rejected)", "bonus": "bonus token (all of a path kept)",
                 "resampled": "target's own token (no child matched)"}
 RUN_COLORS = {"plain": "#6B7280", "medusa": "#E69F00", "eagle": "#009E73"}
+LABEL_PX = 13  # node labels (the radix tree's size too)
 
 
 def _label(text: str, limit: int = 11) -> str:
@@ -70,12 +71,18 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
                 hovers.append(f"node {n} (row {d['row']}, depth {d['depth']}): “{d['text']}”<br>"
                               f"q = {d['q']:.3f}, path probability {d['path_prob']:.3f}<br>"
                               f"target's argmax after it: “{d['argmax']}”<br>{STATUS_NAMES[status]}")
-        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=texts, textposition="middle right",
+        fig.add_scatter(x=xs, y=ys, mode="markers",
                         marker=dict(size=16 if status in ("root", "bonus", "resampled") else 13,
                                     color=STATUS_COLORS[status], line=dict(color="white", width=1.5),
                                     symbol="diamond" if status in ("bonus", "resampled") else "circle"),
-                        textfont=dict(size=13, color="#111827"), hovertext=hovers, hoverinfo="text",
+                        hovertext=hovers, hoverinfo="text",
                         name=STATUS_NAMES.get(status, "root (last sampled token)"))
+        # Labels as annotations on a white ground: an edge leaving a node runs right along its row,
+        # and as trace text the label sat on that line; now the line starts where the label ends.
+        for x, y, text in zip(xs, ys, texts):
+            fig.add_annotation(x=x, y=y, text=text, showarrow=False, xanchor="left", xshift=9,
+                               font=dict(size=LABEL_PX, color="#111827"), bgcolor="rgba(255,255,255,0.92)",
+                               borderpad=1)
     depth = max(x for x, _ in pos.values())
     leaves = -min(y for _, y in pos.values())
     fig.update_xaxes(visible=False, range=[-0.3, depth + 0.9])

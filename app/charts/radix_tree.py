@@ -3,6 +3,7 @@ shapes so outlines can be dashed), hit rate and tokens saved over time, and cach
 from __future__ import annotations
 
 import html
+import re
 from typing import Any, Callable
 
 import networkx as nx
@@ -19,7 +20,8 @@ EVICTABLE = "#9CA3AF"
 GHOST = "#D62728"
 ROOT = "#374151"
 TOUCHED = "#E69F00"
-BOX_W, BOX_H = 0.9, 0.74
+BOX_W, BOX_H = 0.9, 0.78
+LABEL_PX = 13  # node labels: the size of the draft tree's, readable on a projector
 RUN_COLORS = {"cache on": TECHNIQUE_COLOR, "cache off": BASELINE_COLOR}
 
 
@@ -47,6 +49,19 @@ def _two_lines(text: str, per_line: int) -> str:
     return "“" + html.escape(t[:per_line - 1]) + "…<br>…" + html.escape(t[-(per_line - 1):]) + "”"
 
 
+def _wrap_facts(facts: list[str], width: int) -> str:
+    """Join a node's facts with " · ", starting a new line before one that would pass `width`
+    visible characters (tags such as <b> take no room), so a narrow box stacks them instead of
+    letting the last one run over its edge."""
+    lines: list[str] = []
+    for fact in facts:
+        if lines and len(re.sub(r"<[^>]+>", "", lines[-1] + " · " + fact)) <= width:
+            lines[-1] += " · " + fact
+        else:
+            lines.append(fact)
+    return "<br>".join(lines)
+
+
 def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, float]:
     """fill, line colour, dash, line width for a node."""
     if is_root:
@@ -59,15 +74,24 @@ def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, 
     return "#F3F4F6", edge, "dash", 2.5 if edge == TOUCHED else 1.8
 
 
+def label_chars(leaves: int, crowding: float = 1.0) -> int:
+    """Characters one label line may hold: a box is ~0.9 of a leaf's slot, and ~136 characters of
+    LABEL_PX text span the chart of a 1600 px page. `crowding` > 1 when the text renders larger or the
+    chart narrower than that (presentation mode on a 1280 px projector)."""
+    return max(8, min(36, int(136 / (leaves * crowding))))
+
+
 def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], step: int,
-                      decode: Callable[[list[int]], str] | None = None) -> go.Figure:
-    """`decode` (the tokenizer's) labels evicted nodes with their text; the snapshot has none for them."""
+                      decode: Callable[[list[int]], str] | None = None, crowding: float = 1.0) -> go.Figure:
+    """`decode` (the tokenizer's) labels evicted nodes with their text; the snapshot has none for them.
+    `crowding`: see `label_chars`."""
     g = tree_graph(snapshot)
     root = snapshot["nodes"][0]["id"]
     pos = tidy_layout(g, root)
     leaves = max(sum(1 for n in g if g.out_degree(n) == 0), 1)
     depth = -min((y for _, y in pos.values()), default=0)
-    limit = max(10, min(40, int(148 / leaves)))  # characters per label line (~box width at 12 px)
+    limit = label_chars(leaves, crowding)
+    facts_width = max(limit, int(22 / crowding))  # "3 blk = 24 tok" and "last used at step 12" stay whole
     bs = snapshot["block_size"]
     fig = go.Figure()
     ex, ey = [], []
@@ -91,15 +115,15 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
                      f"{snapshot['num_tokens']} tokens cached")
         elif d["ghost"]:
             text = decode(d["tokens"]) if decode else ""
-            label = (f"<b>✕ evicted</b> (last used at step {d['last_access_step']})<br>{_two_lines(text, limit)}<br>"
-                     f"{blocks} blk")
+            head = _wrap_facts(["<b>✕ evicted</b>", f"last used at step {d['last_access_step']}"], facts_width)
+            label = f"{head}<br>{_two_lines(text, limit)}<br>{blocks} blk"
             hover = (f"evicted in step {step}: {blocks} blocks ({d['freed_blocks']} freed), "
                      f"last used step {d['last_access_step']}")
         else:
             who = owners.get(d["id"], [])
             lock = f"<b>locked ×{d['lock_ref']}</b>" if d["lock_ref"] else "unlocked"
-            label = (f"{_two_lines(d['text'], limit)}<br>{blocks} blk = {len(d['tokens'])} tok · {lock} · "
-                     f"last used at step {d['last_access_step']}")
+            facts = [f"{blocks} blk = {len(d['tokens'])} tok", lock, f"last used at step {d['last_access_step']}"]
+            label = f"{_two_lines(d['text'], limit)}<br>{_wrap_facts(facts, facts_width)}"
             hover = (f"node {d['id']}: {len(d['tokens'])} tokens = {blocks} blocks of {bs} "
                      f"(physical {list(d['blocks'])[:8]}{'…' if blocks > 8 else ''})<br>"
                      f"lock_ref {d['lock_ref']}" + (f" (path of {', '.join(who)})" if who else "") +
@@ -111,7 +135,7 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
         labels.append(label)
         hovers.append(hover)
     fig.add_scatter(x=xs, y=ys, mode="markers+text", text=labels, textposition="middle center",
-                    marker=dict(size=26, opacity=0), textfont=dict(size=12, color="#111827"),
+                    marker=dict(size=26, opacity=0), textfont=dict(size=LABEL_PX, color="#111827"),
                     hovertext=hovers, hoverinfo="text", showlegend=False)
     for name, color, dash in (("locked (a running request's path)", LOCKED, "solid"),
                               ("evictable (unlocked)", EVICTABLE, "dash"),

@@ -104,15 +104,18 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[1].metric("α so far", f"{last.alpha:.2f}" if last and last.alpha is not None else "–",
                 help=f"accepted {last.accepted} / (accepted + {last.rejected_rounds} rejections); "
                      f"{last.drafted} drafted" if last else None)
-    m[2].metric("Tokens per target pass", f"{last.tokens_per_pass:.2f}" if last and last.tokens_per_pass else "–",
-                help="decode tokens emitted / decode passes per request (plain decoding: 1.00)")
+    # Labels fit one line in a fifth of a 1280 px projector page in presentation mode (~18 characters).
+    m[2].metric("Tokens per pass", f"{last.tokens_per_pass:.2f}" if last and last.tokens_per_pass else "–",
+                help="decode tokens emitted / target-model decode passes, per request (plain decoding: 1.00)")
     tot_d = sum(p.draft_seconds for p in series)
     tot_v = sum(p.verify_seconds for p in series)
     m[3].metric("Time drafting", fmt_duration(tot_d), delta=f"verifying {fmt_duration(tot_v)}",
                 delta_color="off", delta_arrow="off",
                 help="summed over the steps so far: the drafter's time, and the verification passes + rule")
-    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(rounds)}",
-                help=f"tokens emitted / speculative rounds verified; wall {record.wall_seconds * 1e3:.0f} ms")
+    m[4].metric("This step", f"{len(record.emitted)} / {len(rounds)}", delta="tokens / rounds",
+                delta_color="off", delta_arrow="off",
+                help=f"tokens emitted / speculative rounds verified in the selected step; wall "
+                     f"{record.wall_seconds * 1e3:.0f} ms")
     if cfg.spec_drafter == "none":
         st.info("Plain decoding (no drafter): pick a drafter above to see verification rounds.",
                 icon=":material/info:")

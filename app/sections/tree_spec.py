@@ -89,17 +89,25 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
     cfg = session.engine.config if session.engine else session.scenario.engine_config()
     points = tree_series(history)
     m = st.columns(5)
+    drafting = cfg.spec_drafter in TREE_DRAFTERS
+    shape = (f"{cfg.spec_tree_nodes} nodes" + (f", depth {cfg.spec_tree_depth}, top-{cfg.spec_tree_topk}"
+                                              if cfg.spec_drafter == "eagle" else
+                                              f", top-{cfg.spec_tree_topk} per head"))
+    # As on the speculative page: a short value, the tree's shape in the grey chip beneath it.
     m[0].metric("Drafter", TREE_LABELS.get(cfg.spec_drafter, cfg.spec_drafter),
-                help=f"{cfg.spec_tree_nodes} nodes" + (f", depth {cfg.spec_tree_depth}, top-{cfg.spec_tree_topk}"
-                                                        if cfg.spec_drafter == "eagle" else
-                                                        f", top-{cfg.spec_tree_topk} per head"))
+                delta=f"{cfg.spec_tree_nodes} nodes" if drafting else None, delta_color="off", delta_arrow="off",
+                help=shape if drafting else None)
     tau = mean_tokens_per_round(points)
     m[1].metric("τ so far", f"{tau:.2f}" if tau else "–", help="mean tokens per verification pass (accepted + 1)")
     m[2].metric("Rounds", len(points))
     tot_d = sum(p.draft_seconds for p in points)
     tot_v = sum(p.verify_seconds for p in points)
-    m[3].metric("Draft / verify time", f"{fmt_duration(tot_d)} / {fmt_duration(tot_v)}", help="summed over rounds so far")
-    m[4].metric("This step: tokens / rounds", f"{len(record.emitted)} / {len(tree_rounds(record))}")
+    m[3].metric("Time drafting", fmt_duration(tot_d), delta=f"verifying {fmt_duration(tot_v)}",
+                delta_color="off", delta_arrow="off",
+                help="summed over the rounds so far: the drafter's heads, and the tree verification passes")
+    m[4].metric("This step", f"{len(record.emitted)} / {len(tree_rounds(record))}", delta="tokens / rounds",
+                delta_color="off", delta_arrow="off",
+                help=f"tokens emitted / trees verified in the selected step; wall {record.wall_seconds * 1e3:.0f} ms")
     if cfg.spec_drafter not in TREE_DRAFTERS:
         st.info("Plain decoding or a chain drafter: pick Medusa or EAGLE above to see draft trees.",
                 icon=":material/info:")

@@ -12,7 +12,6 @@ from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compa
                                       step_skipped)
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
-from app.formatting import fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -23,6 +22,7 @@ from app.widgets.explain import explanation
 from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
 from app.widgets.round_picker import latest_rounds, pick_round
+from app.widgets.spec_metrics import drafting_time_metric, step_tokens_metric
 
 SKIP_REASONS = {"no_match": "prompt lookup found no earlier occurrence of the last tokens",
                 "no_free_blocks": "no KV room for a draft", "token_budget": "the step's token budget ran out"}
@@ -107,15 +107,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     # Labels fit one line in a fifth of a 1280 px projector page in presentation mode (~18 characters).
     m[2].metric("Tokens per pass", f"{last.tokens_per_pass:.2f}" if last and last.tokens_per_pass else "–",
                 help="decode tokens emitted / target-model decode passes, per request (plain decoding: 1.00)")
-    tot_d = sum(p.draft_seconds for p in series)
-    tot_v = sum(p.verify_seconds for p in series)
-    m[3].metric("Time drafting", fmt_duration(tot_d), delta=f"verifying {fmt_duration(tot_v)}",
-                delta_color="off", delta_arrow="off",
-                help="summed over the steps so far: the drafter's time, and the verification passes + rule")
-    m[4].metric("This step", f"{len(record.emitted)} / {len(rounds)}", delta="tokens / rounds",
-                delta_color="off", delta_arrow="off",
-                help=f"tokens emitted / speculative rounds verified in the selected step; wall "
-                     f"{record.wall_seconds * 1e3:.0f} ms")
+    drafting_time_metric(m[3], sum(p.draft_seconds for p in series), sum(p.verify_seconds for p in series),
+                         "summed over the steps so far: the drafter's time, and the verification passes + rule")
+    step_tokens_metric(m[4], len(record.emitted), len(rounds), record.wall_seconds, "speculative rounds")
     if cfg.spec_drafter == "none":
         st.info("Plain decoding (no drafter): pick a drafter above to see verification rounds.",
                 icon=":material/info:")

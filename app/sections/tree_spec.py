@@ -11,7 +11,6 @@ from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tok
                                     training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
                                    tree_mask_figure, verify_cost_figure)
-from app.formatting import fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -22,6 +21,7 @@ from app.widgets.explain import explanation
 from app.widgets.request_editor import load_scenario
 from app.widgets.request_table import request_state_table
 from app.widgets.round_picker import latest_rounds, pick_round
+from app.widgets.spec_metrics import drafting_time_metric, step_tokens_metric
 
 TREE_DRAFTERS = ("eagle", "medusa")
 # Every drafter on the same prompts (bench/spec.py with tree node budgets); page 07 reads spec_cpu.json.
@@ -100,14 +100,9 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
     tau = mean_tokens_per_round(points)
     m[1].metric("τ so far", f"{tau:.2f}" if tau else "–", help="mean tokens per verification pass (accepted + 1)")
     m[2].metric("Rounds", len(points))
-    tot_d = sum(p.draft_seconds for p in points)
-    tot_v = sum(p.verify_seconds for p in points)
-    m[3].metric("Time drafting", fmt_duration(tot_d), delta=f"verifying {fmt_duration(tot_v)}",
-                delta_color="off", delta_arrow="off",
-                help="summed over the rounds so far: the drafter's heads, and the tree verification passes")
-    m[4].metric("This step", f"{len(record.emitted)} / {len(tree_rounds(record))}", delta="tokens / rounds",
-                delta_color="off", delta_arrow="off",
-                help=f"tokens emitted / trees verified in the selected step; wall {record.wall_seconds * 1e3:.0f} ms")
+    drafting_time_metric(m[3], sum(p.draft_seconds for p in points), sum(p.verify_seconds for p in points),
+                         "summed over the rounds so far: the drafter's heads, and the tree verification passes")
+    step_tokens_metric(m[4], len(record.emitted), len(tree_rounds(record)), record.wall_seconds, "trees")
     if cfg.spec_drafter not in TREE_DRAFTERS:
         st.info("Plain decoding or a chain drafter: pick Medusa or EAGLE above to see draft trees.",
                 icon=":material/info:")

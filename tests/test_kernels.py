@@ -340,8 +340,30 @@ def _case_warp_slices(gen):
     return out
 
 
+def _case_keys_major(gen):
+    """The bench's keys-on-M decode kernel (bench/paged_decode_keys_major.py): contexts shorter than a
+    tile, whole tiles with a partial one, garbage past each table's pages, and split launches merged by
+    the engine's reduce, on a head-major pool."""
+    from bench.paged_decode_keys_major import decode_keys_major
+    from kernels.paged_attention_ref import paged_attention_ref
+
+    out = []
+    bs = 16
+    for splits, block_n in ((1, 64), (2, 64), (3, 128)):
+        ctx = torch.randint(1, 300, (3,), generator=gen).tolist()
+        ctx[0] = int(torch.randint(1, 16, (1,), generator=gen))  # less than one tile
+        ctx[1] = 128 + int(torch.randint(0, 8, (1,), generator=gen)) * 16  # whole pages, maybe a partial tile
+        q, kc, vc, tables, seq_lens, qsl = make_paged(ctx, [1, 1, 1], 9, 3, 64, bs, torch.float32, "cpu", gen,
+                                                      head_major=True)
+        o = decode_keys_major(q, kc, vc, tables, seq_lens, 0.125, splits=splits, block_n=block_n)
+        ref = paged_attention_ref(q, kc, vc, ref_tables(tables, ctx, bs), seq_lens, qsl, 1, max(ctx), 0.125)
+        out.append({"name": f"keys-major splits={splits} block_n={block_n} ctx={ctx}",
+                    "all_written": bool(torch.isfinite(o).all()), "rel_err": rel_err(o, ref), "tol": FP32_TOL})
+    return out
+
+
 _CASES = {"store_kv": _case_store_kv, "prefill": _case_prefill, "paged": _case_paged,
-          "warp_slices": _case_warp_slices}
+          "warp_slices": _case_warp_slices, "keys_major": _case_keys_major}
 
 
 def _run_child(family: str) -> list[dict]:

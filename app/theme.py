@@ -61,6 +61,7 @@ MUTED = "#6B7280"
 
 FONT_SIZE = 15  # chart text; titles are 4 points larger
 PRESENT_FONT_SIZE = 20
+TREE_LABEL_PX = 13  # node labels of the radix tree and the draft tree: one size, readable on a projector
 
 # Exported PNGs always have this size (x3 scale), whatever the browser window was.
 EXPORT_WIDTH = 1400
@@ -173,6 +174,12 @@ def scale_explicit_fonts(fig: go.Figure, factor: float) -> None:
         scaled(axis.title.font)
 
 
+def chart_font_scale() -> float:
+    """How much larger `show_figure` will draw the fonts a chart builder set itself (1 outside presentation
+    mode): for builders that must fit text into shapes of their own, such as the radix tree's boxes."""
+    return PRESENT_FONT_SIZE / FONT_SIZE if presentation_on() else 1.0
+
+
 def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
     """Render with the house template, a fixed height and a 3x PNG export named after `key`.
 
@@ -184,7 +191,7 @@ def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int =
     font_size = PRESENT_FONT_SIZE if present else FONT_SIZE
     fig.update_layout(template=PRESENT_TEMPLATE if present else TEMPLATE, height=h)
     if present:
-        scale_explicit_fonts(fig, PRESENT_FONT_SIZE / FONT_SIZE)
+        scale_explicit_fonts(fig, chart_font_scale())
     place_legend(fig, h, font_size)
     make_room_for_subtitle(fig, font_size)
     st.plotly_chart(fig, key=key, theme=None, config=plotly_config(f"inferscope-{key}", h, export_width))

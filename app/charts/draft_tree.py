@@ -14,7 +14,7 @@ from app.analysis.speculative import DrafterRun, speedup_vs_plain
 from app.analysis.tree_spec import FINAL, ROOT, TreePoint, VerifyCost, draft_tree_graph, mask_labels, round_tree
 from app.charts.axes import step_ticks
 from app.charts.speculative import ACCEPTED, BONUS, REJECTED, RESAMPLED, UNVERIFIED
-from app.theme import MUTED
+from app.theme import MUTED, TREE_LABEL_PX
 
 ROOT_COLOR = "#374151"
 STATUS_COLORS = {"accepted": ACCEPTED, "rejected": REJECTED, "unreached": UNVERIFIED, "root": ROOT_COLOR,
@@ -23,7 +23,6 @@ STATUS_NAMES = {"accepted": "accepted (on the kept path)", "rejected": "checked 
                 "unreached": "never reached (parent rejected)", "bonus": "bonus token (all of a path kept)",
                 "resampled": "target's own token (no child matched)"}
 RUN_COLORS = {"plain": "#6B7280", "medusa": "#E69F00", "eagle": "#009E73"}
-LABEL_PX = 13  # node labels (the radix tree's size too)
 
 
 def _label(text: str, limit: int = 11) -> str:
@@ -81,7 +80,7 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
         # and as trace text the label sat on that line; now the line starts where the label ends.
         for x, y, text in zip(xs, ys, texts):
             fig.add_annotation(x=x, y=y, text=text, showarrow=False, xanchor="left", xshift=9,
-                               font=dict(size=LABEL_PX, color="#111827"), bgcolor="rgba(255,255,255,0.92)",
+                               font=dict(size=TREE_LABEL_PX, color="#111827"), bgcolor="rgba(255,255,255,0.92)",
                                borderpad=1)
     depth = max(x for x, _ in pos.values())
     leaves = -min(y for _, y in pos.values())

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from app.analysis.radix import CachePoint, CacheRun, tidy_layout, tree_graph
 from app.charts.axes import step_ticks
 from app.charts.colors import tint
-from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, TREE_LABEL_PX
 
 LOCKED = "#0072B2"
 EVICTABLE = "#9CA3AF"
@@ -21,7 +21,6 @@ GHOST = "#D62728"
 ROOT = "#374151"
 TOUCHED = "#E69F00"
 BOX_W, BOX_H = 0.9, 0.78
-LABEL_PX = 13  # node labels: the size of the draft tree's, readable on a projector
 RUN_COLORS = {"cache on": TECHNIQUE_COLOR, "cache off": BASELINE_COLOR}
 
 
@@ -76,7 +75,7 @@ def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, 
 
 def label_chars(leaves: int, crowding: float = 1.0) -> int:
     """Characters one label line may hold: a box is ~0.9 of a leaf's slot, and ~136 characters of
-    LABEL_PX text span the chart of a 1600 px page. `crowding` > 1 when the text renders larger or the
+    TREE_LABEL_PX text span the chart of a 1600 px page. `crowding` > 1 when the text renders larger or the
     chart narrower than that (presentation mode on a 1280 px projector)."""
     return max(8, min(36, int(136 / (leaves * crowding))))
 
@@ -135,7 +134,7 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
         labels.append(label)
         hovers.append(hover)
     fig.add_scatter(x=xs, y=ys, mode="markers+text", text=labels, textposition="middle center",
-                    marker=dict(size=26, opacity=0), textfont=dict(size=LABEL_PX, color="#111827"),
+                    marker=dict(size=26, opacity=0), textfont=dict(size=TREE_LABEL_PX, color="#111827"),
                     hovertext=hovers, hoverinfo="text", showlegend=False)
     for name, color, dash in (("locked (a running request's path)", LOCKED, "solid"),
                               ("evictable (unlocked)", EVICTABLE, "dash"),

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from app.scenario_library import CONTINUOUS_BATCHING, KV_CACHE, PAGED_ATTENTION
+from app.scenario_library import (CHUNKED_PREFILL, CONTINUOUS_BATCHING, KV_CACHE, PAGED_ATTENTION, RADIX_PREFIX_CACHE,
+                                  SPECULATIVE, TREE_SPEC)
 from app.scenarios import ScenarioError, scenario_from_dict, scenario_from_json
 from app.widgets.request_editor import requests_frame, requests_from_frame
 
@@ -56,6 +57,26 @@ def test_minimal_scenario_gets_defaults() -> None:
     (r,) = s.requests
     assert r.max_tokens == 16 and r.chat and r.stop == (".",) and s.engine == {}
     assert r.engine_prompt() == [{"role": "user", "content": "Hello"}]
+
+
+ALL_SCENARIOS = (KV_CACHE + PAGED_ATTENTION + CONTINUOUS_BATCHING + RADIX_PREFIX_CACHE + CHUNKED_PREFILL + SPECULATIVE
+                 + TREE_SPEC)
+
+
+@pytest.mark.parametrize("scenario", ALL_SCENARIOS, ids=lambda s: s.name)
+def test_every_library_scenario_round_trips_through_the_editor_table(scenario) -> None:  # noqa: ANN001
+    """Apply-and-restart with nothing edited gives back the same requests, names ("shot3", "A-turn1") included."""
+    assert requests_from_frame(requests_frame(scenario.requests)) == list(scenario.requests)
+
+
+def test_editor_request_names() -> None:
+    df = requests_frame(PAGED_ATTENTION[0].requests)
+    df["request_id"] = ["first", "  "] + [None] * (len(df) - 2)
+    specs = requests_from_frame(df)
+    assert specs[0].request_id == "first" and all(r.request_id is None for r in specs[1:])
+    df["request_id"] = ["same", "same"] + [None] * (len(df) - 2)
+    with pytest.raises(ScenarioError, match="names must be unique"):
+        requests_from_frame(df)
 
 
 def test_editor_table_round_trip_and_validation() -> None:

@@ -18,29 +18,39 @@ def _keys(page: str) -> dict[str, str]:
     return {name: f"{page}-{name}" for name in ("playing", "speed", "scrub", "ticks-seen", "full-runs")}
 
 
-def follow_latest(session: EngineSession, page: str) -> None:
-    """Point the timeline scrubber at the newest record."""
-    st.session_state[_keys(page)["scrub"]] = max(len(session.records) - 1, 0)
+def follow_latest(page: str) -> None:
+    """Point the timeline scrubber at the newest record the next time it is drawn.
+
+    A request, not the slider's own key: the scenario editor restarts the engine from below the
+    timeline, after the slider has been drawn in that run, and Streamlit refuses a widget's key being
+    set once the widget exists (StreamlitWidgetAlreadyInstantiatedError). `timeline_scrubber` honours
+    the request before it draws the slider."""
+    st.session_state[follow_key(page)] = True
+
+
+def follow_key(page: str) -> str:
+    """The session key of `follow_latest`'s request, read (and cleared) by `timeline_scrubber`."""
+    return f"{page}-scrub-follow"
 
 
 def _step(session: EngineSession, page: str) -> None:
     # A bad-input message has been read by the time the student steps on: it goes (a traceback stays).
     session.clear_input_errors()
     session.step()
-    follow_latest(session, page)
+    follow_latest(page)
 
 
 def _run_to_end(session: EngineSession, page: str) -> None:
     st.session_state[_keys(page)["playing"]] = False
     session.clear_input_errors()
     session.run(RUN_TO_END_LIMIT)
-    follow_latest(session, page)
+    follow_latest(page)
 
 
 def _reset(session: EngineSession, page: str) -> None:
     st.session_state[_keys(page)["playing"]] = False
     session.reset()
-    follow_latest(session, page)
+    follow_latest(page)
 
 
 def _set_playing(page: str, value: bool) -> None:
@@ -51,7 +61,7 @@ def _pause(session: EngineSession, page: str) -> None:
     # A Pause click can interrupt a tick between its engine step and its follow_latest, which left the
     # view one step behind the records ("3 steps recorded" showing step 1): point it at the newest.
     _set_playing(page, False)
-    follow_latest(session, page)
+    follow_latest(page)
 
 
 def engine_controls(session: EngineSession, page: str) -> None:
@@ -98,7 +108,7 @@ def _ticker(session: EngineSession, page: str, interval: float) -> None:
             return
         if session.step() is None:
             st.session_state[k["playing"]] = False
-        follow_latest(session, page)
+        follow_latest(page)
         st.rerun(scope="app")
 
     tick()

@@ -19,8 +19,10 @@ from app.scenarios import RequestSpec, Scenario, ScenarioError, parse_request, s
 from app.session import EngineSession
 from app.widgets.controls import follow_latest
 
+# request_id is the name a scenario gives a request ("A-turn1", "shot3"): the radix page labels the tree
+# with it, so a restart from the editor must not replace it with r0, r1, ...
 COLUMNS = ["prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
-           "ignore_eos", "stop"]
+           "ignore_eos", "stop", "request_id"]
 _DEFAULTS = {f.name: f.default for f in fields(RequestSpec)}
 
 
@@ -38,7 +40,7 @@ def _load(session: EngineSession, page: str, scenario: Scenario) -> bool:
         return False
     st.session_state[_version_key(page)] = st.session_state.get(_version_key(page), 0) + 1
     st.session_state[f"{page}-playing"] = False
-    follow_latest(session, page)
+    follow_latest(page)
     return True
 
 
@@ -77,6 +79,8 @@ def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
             raise ScenarioError(f"request {i + 1}: 'prompt' is required")
         data = {k: (v if v is not None else _DEFAULTS[k]) for k, v in raw.items()}
         data["seed"] = raw["seed"]
+        name = str(raw["request_id"] or "").strip()
+        data["request_id"] = name or None  # an empty cell: named by position
         stop = str(data.pop("stop") or "")
         data["stop"] = [stop] if stop else []
         for key in ("temperature", "top_p"):
@@ -84,6 +88,9 @@ def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
         specs.append(parse_request(data, i))
     if not specs:
         raise ScenarioError("the scenario needs at least one request with a prompt")
+    names = [r.request_id for r in specs if r.request_id]
+    if len(names) != len(set(names)):
+        raise ScenarioError("request names must be unique (or left empty for r0, r1, ...)")
     return specs
 
 
@@ -147,6 +154,7 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                     "seed": st.column_config.NumberColumn("seed", step=1, help="empty: a fresh random seed"),
                     "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
                     "stop": st.column_config.TextColumn("stop string"),
+                    "request_id": st.column_config.TextColumn("name", help="empty: r0, r1, ... by position"),
                 },
             )
             st.markdown("**Engine**")

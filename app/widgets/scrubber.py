@@ -9,12 +9,15 @@ import streamlit as st
 from engine.trace import StepRecord
 
 from app.session import EngineSession
+from app.widgets.controls import follow_key
 
 
 def timeline_scrubber(session: EngineSession, page: str) -> StepRecord | None:
     """Returns the selected record (the newest by default), or None before the first step."""
     key = f"{page}-scrub"
     n = len(session.records)
+    # A step, a reset or a restart asked to show the newest record (app.widgets.controls.follow_latest).
+    follow = st.session_state.pop(follow_key(page), False)
     if n == 0:
         if session.has_work:
             st.info("Press **Step** (or **Play**) to run the first engine iteration on the model.",
@@ -28,7 +31,7 @@ def timeline_scrubber(session: EngineSession, page: str) -> StepRecord | None:
         st.caption("1 step recorded · showing step 0 (step again to get a timeline you can scrub)")
         return session.records[0]
     current = st.session_state.get(key)
-    if not isinstance(current, int) or not 0 <= current < n:
+    if follow or not isinstance(current, int) or not 0 <= current < n:
         st.session_state[key] = n - 1
     st.slider(f"Timeline: {n} steps recorded; pick any to redraw it from its record (nothing re-runs)",
               min_value=0, max_value=n - 1, key=key, format="step %d")

@@ -21,8 +21,8 @@ from app.widgets.controls import follow_latest
 
 # request_id is the name a scenario gives a request ("A-turn1", "shot3"): the radix page labels the tree
 # with it, so a restart from the editor must not replace it with r0, r1, ...
-COLUMNS = ["prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
-           "ignore_eos", "stop", "request_id"]
+COLUMNS = ["request_id", "prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
+           "ignore_eos", "stop"]
 _DEFAULTS = {f.name: f.default for f in fields(RequestSpec)}
 
 
@@ -154,7 +154,7 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                     "seed": st.column_config.NumberColumn("seed", step=1, help="empty: a fresh random seed"),
                     "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
                     "stop": st.column_config.TextColumn("stop string"),
-                    "request_id": st.column_config.TextColumn("name", help="empty: r0, r1, ... by position"),
+                    "request_id": st.column_config.TextColumn("name", width="small", help="empty: r0, r1, ... by position"),
                 },
             )
             st.markdown("**Engine**")

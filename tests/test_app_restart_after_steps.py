@@ -34,6 +34,8 @@ def test_apply_and_restart_after_steps(random_app: AppTest, page_file: str) -> N
     assert_clean(at)
     session = session_of(at, prefix)
     assert session.records == [] and session.scenario.requests == before.requests
+    # The picker still shows the library scenario; a caption says what runs now.
+    assert any(f"Running now: **{before.name} (edited)**" in c.value for c in at.caption)
     # The new timeline is followed from its first steps on.
     _step_twice(at, prefix)
     assert [r.step for r in session_of(at, prefix).records] == [0, 1]
@@ -49,4 +51,5 @@ def test_upload_after_steps(random_app: AppTest) -> None:
     assert_clean(at)
     session = session_of(at, "paged")
     assert session.scenario.name == "Tiny" and session.records == []
+    assert any("Running now: **Tiny**" in c.value for c in at.caption)
     _step_twice(at, "paged")

@@ -187,6 +187,8 @@ def _picker(session: EngineSession, page: str, library: list[Scenario]) -> None:
     if key not in st.session_state:
         st.session_state[key] = session.scenario.name if session.scenario.name in names else names[0]
     st.selectbox("Ready-made scenario (loading one restarts the engine)", names, key=key, on_change=on_pick)
+    if session.scenario.name != st.session_state[key]:  # edited below or uploaded: the picker alone would mislead
+        st.caption(f"Running now: **{session.scenario.name}**. Pick a ready-made scenario to go back to one.")
 
 
 def _uploader(session: EngineSession, page: str) -> None:

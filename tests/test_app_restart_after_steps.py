@@ -39,6 +39,11 @@ def test_apply_and_restart_after_steps(random_app: AppTest, page_file: str) -> N
     # The new timeline is followed from its first steps on.
     _step_twice(at, prefix)
     assert [r.step for r in session_of(at, prefix).records] == [0, 1]
+    # And the picker's entry comes back with one click.
+    at.button(key=f"{prefix}-pick-back").click().run()
+    assert_clean(at)
+    assert session_of(at, prefix).scenario == before and session_of(at, prefix).records == []
+    assert not any("Running now" in c.value for c in at.caption)
 
 
 def test_upload_after_steps(random_app: AppTest) -> None:

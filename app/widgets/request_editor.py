@@ -188,7 +188,11 @@ def _picker(session: EngineSession, page: str, library: list[Scenario]) -> None:
         st.session_state[key] = session.scenario.name if session.scenario.name in names else names[0]
     st.selectbox("Ready-made scenario (loading one restarts the engine)", names, key=key, on_change=on_pick)
     if session.scenario.name != st.session_state[key]:  # edited below or uploaded: the picker alone would mislead
-        st.caption(f"Running now: **{session.scenario.name}**. Pick a ready-made scenario to go back to one.")
+        c = st.columns([3, 1], vertical_alignment="center")
+        c[0].caption(f"Running now: **{session.scenario.name}**.")
+        # Picking the shown entry again is no change for the selectbox, so going back needs its own button.
+        c[1].button("Back to the ready-made one", key=f"{page}-pick-back", on_click=on_pick, icon=":material/undo:",
+                    width="stretch")
 
 
 def _uploader(session: EngineSession, page: str) -> None:

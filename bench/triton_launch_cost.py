@@ -15,7 +15,6 @@ launcher. This script measures, with the GPU kept busy so only host time counts:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,21 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.launch_overhead import host_us  # noqa: E402 (host time a call, the GPU kept busy)
 from bench.results_io import write_results  # noqa: E402
-
-
-def host_us(fn, calls: int = 300, rounds: int = 5) -> float:
-    """Median over rounds of host time per call, a long kernel queued first so no call waits."""
-    times = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(1e8))
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def direct_caller(jit_fn, grid, args: tuple, kwargs: dict):

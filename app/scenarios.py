@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Sequence
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
@@ -179,10 +179,15 @@ def scenario_from_dict(raw: Any) -> Scenario:
         raise ScenarioError("'description' must be a string")
     engine = parse_engine(raw.get("engine", {}))
     requests = tuple(parse_request(r, i) for i, r in enumerate(reqs))
+    require_unique_ids(requests)
+    return Scenario(name=name, requests=requests, engine=engine, description=description)
+
+
+def require_unique_ids(requests: Sequence[RequestSpec], what: str = "request_id values", hint: str = "") -> None:
+    """Two requests of one scenario may not share a name (unnamed ones are named by position)."""
     ids = [r.request_id for r in requests if r.request_id]
     if len(ids) != len(set(ids)):
-        raise ScenarioError("request_id values must be unique")
-    return Scenario(name=name, requests=requests, engine=engine, description=description)
+        raise ScenarioError(f"{what} must be unique{hint}")
 
 
 def scenario_from_json(text: str | bytes) -> Scenario:

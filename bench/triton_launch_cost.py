@@ -42,6 +42,8 @@ def direct_caller(jit_fn, grid, args: tuple, kwargs: dict):
 
 
 def kernel_rows(dev: torch.device) -> list[dict]:
+    import triton
+
     from kernels import gemv_triton as gv
     from kernels import rmsnorm_triton as rn
     dt = torch.bfloat16
@@ -63,9 +65,8 @@ def kernel_rows(dev: torch.device) -> list[dict]:
     wq = torch.randn(960, 576, device=dev, dtype=dt)
     y = torch.empty(1, 960, device=dev, dtype=dt)
     bn = gv.DEFAULT_BLOCK_N
-    grid = (triton_cdiv(960, bn),)
-    warps = max(1, min(16, bn * 1024 // gv._ELEMS_PER_WARP))
-    warps = 1 << (warps.bit_length() - 1)
+    grid = (triton.cdiv(960, bn),)
+    warps = gv.gemv_num_warps(bn, 1024)
     gv_args = (x, wq, y, 1, 960, 576, 576, 960)
     gv_kwargs = dict(K=576, BLOCK_N=bn, BLOCK_K=1024, PDL=False, num_warps=warps)
     rows.append(dict(kernel="GEMV 1 x 576 -> 960 (QKV)",
@@ -75,10 +76,6 @@ def kernel_rows(dev: torch.device) -> list[dict]:
     rows.append(dict(kernel="torch.add (one ATen launch, for scale)", wrapper=None, bare=host_us(lambda: torch.add(x, x)),
                      direct=None))
     return rows
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def engine_step_row(dev: torch.device, profile_to: str | None = None) -> dict:

@@ -60,6 +60,12 @@ def _gemv_kernel(
         tl.store(Y + m * stride_ym + n, y.to(Y.dtype.element_ty), mask=n_ok)
 
 
+def gemv_num_warps(block_n: int, block_k: int) -> int:
+    """Warps of one program: ~_ELEMS_PER_WARP weights each, 1-16, a power of two."""
+    warps = max(1, min(16, block_n * block_k // _ELEMS_PER_WARP))
+    return 1 << (warps.bit_length() - 1)
+
+
 def gemv_triton(x: torch.Tensor, w: torch.Tensor, *, pdl: bool = False, block_n: int | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T for x [M, K] with M <= MAX_M (see the module docstring)."""
@@ -74,8 +80,7 @@ def gemv_triton(x: torch.Tensor, w: torch.Tensor, *, pdl: bool = False, block_n:
         return out
     bn = block_n or DEFAULT_BLOCK_N
     bk = triton.next_power_of_2(k)
-    warps = max(1, min(16, bn * bk // _ELEMS_PER_WARP))
-    warps = 1 << (warps.bit_length() - 1)  # a power of two
+    warps = gemv_num_warps(bn, bk)
     use_pdl = pdl and pdl_supported(x.device)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, w, out, m, n, x.stride(0), w.stride(0), out.stride(0),

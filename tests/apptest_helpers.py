@@ -44,6 +44,17 @@ def open_page(at: AppTest, page_file: str) -> AppTest:
     return at
 
 
+# A small valid scenario to upload: another name, block size and pool than any page's default.
+TINY_SCENARIO = {"name": "Tiny", "engine": {"block_size": 4, "num_blocks": 32},
+                 "requests": [{"prompt": "Hi", "max_tokens": 3}]}
+
+
+def upload_scenario(at: AppTest, prefix: str, data: bytes, filename: str = "scenario.json") -> AppTest:
+    """Hand the page's scenario uploader a file and run the page."""
+    at.file_uploader(key=f"{prefix}-upload").set_value((filename, data, "application/json"))
+    return at.run()
+
+
 def session_of(at: AppTest, prefix: str):  # noqa: ANN201 (an app.session.EngineSession)
     return at.session_state[session_key(prefix)]
 

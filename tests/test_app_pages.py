@@ -13,7 +13,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.registry import available_pages
 from tests.apptest_helpers import ENGINE_PAGES as ALL_ENGINE_PAGES
-from tests.apptest_helpers import assert_clean, new_app, open_page, random_app, session_of  # noqa: F401 (fixture)
+from tests.apptest_helpers import (TINY_SCENARIO, assert_clean, new_app, open_page, random_app,  # noqa: F401 (fixture)
+                                   session_of, upload_scenario)
 
 # The pages this module steps and scrubs (the others have their own modules).
 ENGINE_PAGES = {f: ALL_ENGINE_PAGES[f] for f in ("01_kv_cache.py", "03_paged_attention.py", "04_continuous_batching.py")}
@@ -143,16 +144,12 @@ def test_bad_live_request_shows_error_and_keeps_records(random_app: AppTest) -> 
 def test_malformed_scenario_upload_is_a_message(random_app: AppTest) -> None:
     at = open_page(random_app, "03_paged_attention.py")
     at.button(key="paged-btn-step").click().run()
-    at.file_uploader(key="paged-upload").set_value(("broken.json", b'{"requests": [ {"prompt": 1} ', "application/json"))
-    at.run()
+    upload_scenario(at, "paged", b'{"requests": [ {"prompt": 1} ', "broken.json")
     assert not at.exception
     assert any("not valid JSON" in e.value for e in at.error)
     assert len(session_of(at, "paged").records) == 1
 
-    good = {"name": "Tiny", "engine": {"block_size": 4, "num_blocks": 32},
-            "requests": [{"prompt": "Hi", "max_tokens": 2}]}
-    at.file_uploader(key="paged-upload").set_value(("good.json", json.dumps(good).encode(), "application/json"))
-    at.run()
+    upload_scenario(at, "paged", json.dumps(TINY_SCENARIO).encode(), "good.json")
     assert_clean(at)
     session = session_of(at, "paged")
     assert session.scenario.name == "Tiny" and session.records == []

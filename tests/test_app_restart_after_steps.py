@@ -14,7 +14,8 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.apptest_helpers import ENGINE_PAGES, assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
+from tests.apptest_helpers import (ENGINE_PAGES, TINY_SCENARIO, assert_clean, open_page,  # noqa: F401 (fixture)
+                                   random_app, session_of, upload_scenario)
 
 
 def _step_twice(at: AppTest, prefix: str) -> None:
@@ -49,10 +50,7 @@ def test_apply_and_restart_after_steps(random_app: AppTest, page_file: str) -> N
 def test_upload_after_steps(random_app: AppTest) -> None:
     at = open_page(random_app, "03_paged_attention.py")
     _step_twice(at, "paged")
-    good = {"name": "Tiny", "engine": {"block_size": 4, "num_blocks": 32},
-            "requests": [{"prompt": "Hi", "max_tokens": 3}]}
-    at.file_uploader(key="paged-upload").set_value(("good.json", json.dumps(good).encode(), "application/json"))
-    at.run()
+    upload_scenario(at, "paged", json.dumps(TINY_SCENARIO).encode())
     assert_clean(at)
     session = session_of(at, "paged")
     assert session.scenario.name == "Tiny" and session.records == []

@@ -15,7 +15,7 @@ RUN_TO_END_LIMIT = 400
 
 
 def _keys(page: str) -> dict[str, str]:
-    return {name: f"{page}-{name}" for name in ("playing", "speed", "scrub", "ticks-seen", "full-runs")}
+    return {name: f"{page}-{name}" for name in ("playing", "speed", "ticks-seen", "full-runs")}
 
 
 def follow_latest(page: str) -> None:

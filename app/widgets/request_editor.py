@@ -15,7 +15,8 @@ import streamlit as st
 
 from engine.config import DRAFTERS, EngineConfig
 
-from app.scenarios import RequestSpec, Scenario, ScenarioError, parse_request, scenario_from_json
+from app.scenarios import (RequestSpec, Scenario, ScenarioError, parse_request, require_unique_ids,
+                           scenario_from_json)
 from app.session import EngineSession
 from app.widgets.controls import follow_latest
 
@@ -88,9 +89,7 @@ def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
         specs.append(parse_request(data, i))
     if not specs:
         raise ScenarioError("the scenario needs at least one request with a prompt")
-    names = [r.request_id for r in specs if r.request_id]
-    if len(names) != len(set(names)):
-        raise ScenarioError("request names must be unique (or left empty for r0, r1, ...)")
+    require_unique_ids(specs, "request names", " (or left empty for r0, r1, ...)")
     return specs
 
 

@@ -185,7 +185,7 @@ def prefill_bench(gen, seq_lens_list, tokens) -> list[dict]:
             except Exception as exc:  # noqa: BLE001
                 row[f"triton_{impl or 'auto'}_error"] = repr(exc)[:300]
         row["default_impl"] = "tma" if fa.tma_ok(q, k, v) else "ptr"
-        row["config"] = fa.DEFAULT_CONFIG
+        row["config"] = fa.default_config(L, row["default_impl"])
         # SDPA on [B, H, L, D]: GQA via enable_gqa, and via K/V expanded to 9 heads; keep the faster.
         qs = q.view(B, L, HQ, D).transpose(1, 2).contiguous()
         ks = k.view(B, L, HKV, D).transpose(1, 2).contiguous()

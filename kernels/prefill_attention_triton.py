@@ -24,8 +24,9 @@ exactness runs), Triton's TF32 default otherwise (exact fp32 under TRITON_INTERP
 Two variants of the same kernel: `ptr` gathers tiles with plain pointer loads (cp.async pipelined by
 Triton), `tma` reads Q/K/V tiles through Hopper tensor descriptors (TMA bulk copies) on a 2-D view
 [T, H*D] of each input. `tma` is the default where it applies (Hopper, bf16/fp16): 2-8% faster on
-the H200 at L >= 1024. Both run a fixed tile config (DEFAULT_CONFIG, the autotuner's pick on the
-H200); `config="autotune"` searches _TILES instead (first call per shape class).
+the H200 at L >= 1024. Both run a fixed tile config (`default_config`: DEFAULT_CONFIG, the autotuner's
+pick on the H200, and LONG_CONFIG for TMA launches longer than 2,048 tokens); `config="autotune"`
+searches _TILES instead (first call per shape class).
 """
 from __future__ import annotations
 
@@ -226,6 +227,13 @@ _TILES = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages): the autotune space (con
 # bench/NOTES_kernels.md). A fixed config keeps launches deterministic (autotuning short kernels
 # proved noisy: runs 2 and 3 picked 2- or 4-stage variants that timed 1-40% slower afterwards).
 DEFAULT_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+# Long prompts through TMA (max_seqlen > LONG_FROM): 128-row tiles over two warpgroups that share each
+# K/V tile, four stages deep. Interleaved H200 timings (bench/fa2_variants.py, 3 rounds, median;
+# results/fa2_variants_h200_v25b.json) against DEFAULT_CONFIG: 4k 0.965 vs 0.960x SDPA, 8k 0.986 vs 0.949x,
+# 16k 0.997 vs 0.953x; at 2k and below it loses (0.941 vs 0.959x at 2k, 0.874 vs 0.943x at 1k), since
+# fewer, longer programs fill 132 SMs less evenly. The autotune space above never held 4 stages at 128 rows.
+LONG_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
+LONG_FROM = 2048
 # One fixed config for the interpreter (small tiles keep it quick).
 INTERPRET_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
 
@@ -245,6 +253,13 @@ def _configs(pre_hook=None):
 _KEY = ["HEAD_DIM", "GROUP", "SEQ_BUCKET"]
 _fa2_fwd_autotuned = triton.autotune(configs=_configs(), key=_KEY)(_fa2_fwd_kernel)
 _fa2_fwd_tma_autotuned = triton.autotune(configs=_configs(_tma_pre_hook), key=_KEY)(_fa2_fwd_tma_kernel)
+
+
+def default_config(max_seqlen: int, impl: str) -> dict:
+    """The fixed tile config a launch uses when the caller names none (see DEFAULT_CONFIG, LONG_CONFIG)."""
+    if _INTERPRET:
+        return INTERPRET_CONFIG
+    return LONG_CONFIG if impl == "tma" and max_seqlen > LONG_FROM else DEFAULT_CONFIG
 
 
 def _seq_bucket(max_seqlen: int) -> int:
@@ -292,7 +307,7 @@ def flash_attention_varlen_triton(
     cu_seqlens: torch.Tensor,  # [B + 1] int32
     max_seqlen: int,
     scale: float,
-    config: dict | str | None = None,  # None = DEFAULT_CONFIG; "autotune"; or a fixed config dict
+    config: dict | str | None = None,  # None = default_config(max_seqlen, impl); "autotune"; or a fixed dict
     impl: str | None = None,  # "ptr" | "tma"; None = "tma" where tma_ok(), else "ptr"
     out: torch.Tensor | None = None,  # optional preallocated [T, Hq, D] output
 ) -> torch.Tensor:
@@ -307,14 +322,14 @@ def flash_attention_varlen_triton(
     batch = cu_seqlens.shape[0] - 1
     if t == 0 or batch == 0 or max_seqlen <= 0:
         return out
-    if config is None:
-        config = INTERPRET_CONFIG if _INTERPRET else DEFAULT_CONFIG
     if config == "autotune" and _INTERPRET:
         config = INTERPRET_CONFIG
     if impl is None:
         impl = "tma" if (not _INTERPRET and tma_ok(q, k, v)) else "ptr"
     elif impl == "tma" and not _INTERPRET and not tma_ok(q, k, v):
         raise ValueError("impl='tma' needs a Hopper GPU, bf16/fp16 inputs with [T, H*D]-contiguous rows")
+    if config is None:
+        config = default_config(max_seqlen, impl)
     _launch(impl, q, k, v, out, cu_seqlens, max_seqlen, float(scale) * _LOG2E, hq // hkv,
             None if config == "autotune" else config)
     return out

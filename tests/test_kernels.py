@@ -488,6 +488,21 @@ def test_decode_plan_single_pass_for_short_contexts():
     assert got == cases
 
 
+def test_prefill_default_config_by_length():
+    """Long TMA launches take the 128-row config, everything else (and the pointer variant) the default."""
+    if not HAS_TRITON:
+        pytest.skip("needs Triton")
+    import kernels.prefill_attention_triton as fa
+
+    if fa._INTERPRET:
+        assert fa.default_config(10_000, "tma") is fa.INTERPRET_CONFIG
+        return
+    assert fa.default_config(fa.LONG_FROM, "tma") == fa.DEFAULT_CONFIG
+    assert fa.default_config(fa.LONG_FROM + 1, "tma") == fa.LONG_CONFIG
+    assert fa.default_config(100_000, "ptr") == fa.DEFAULT_CONFIG
+    assert fa.LONG_CONFIG["BLOCK_M"] % fa.DEFAULT_CONFIG["BLOCK_M"] == 0
+
+
 # --------------------------------------------------------------------------------------------
 # GPU tests
 # --------------------------------------------------------------------------------------------
@@ -522,10 +537,11 @@ def test_gpu_store_kv(dtype, head_major):
     torch.testing.assert_close(vc, vr, rtol=0, atol=0, equal_nan=True, msg=f"seed {seed}")
 
 
+@pytest.mark.parametrize("longest", [2048, 5000])  # either side of LONG_FROM: both default tile configs
 @pytest.mark.parametrize("impl", [None, "ptr", "tma"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @on_gpu
-def test_gpu_prefill(dtype, impl):
+def test_gpu_prefill(dtype, impl, longest):
     from kernels.prefill_attention_ref import flash_attention_varlen_ref
     from kernels.prefill_attention_triton import flash_attention_varlen_triton
 
@@ -533,7 +549,7 @@ def test_gpu_prefill(dtype, impl):
     if impl == "tma" and dt == torch.float32:
         pytest.skip("the TMA variant is bf16/fp16 only")
     seed, gen = _new_gen()
-    lens = [1, 17, 128, 300, 1000, 2053] + torch.randint(1, 700, (4,), generator=gen).tolist()
+    lens = [1, 17, 128, 300, 1000, longest - 1, longest] + torch.randint(1, 700, (4,), generator=gen).tolist()
     q, k, v, cu = make_varlen(lens, 9, 3, 64, dt, "cuda", gen, fused=True)
     o = torch.full_like(q, float("nan"))
     flash_attention_varlen_triton(q, k, v, cu, max(lens), 0.125, impl=impl, out=o)
@@ -541,6 +557,27 @@ def test_gpu_prefill(dtype, impl):
     assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
     tol = BF16_TOL if dt == torch.bfloat16 else TF32_TOL
     assert rel_err(o, ref) < tol, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 2, 4), (64, 64, 3, 4), (64, 128, 2, 4), (128, 64, 2, 8)])
+@on_gpu
+def test_gpu_gluon_fa3_bench(shape):
+    """The bench's Gluon FlashAttention (FA3-style overlap, bench/fa2_gluon.py) on ragged causal lengths:
+    tiles with and without the mask, sequences shorter than the ring, GQA."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("wgmma and TMA need Hopper")
+    from bench.fa2_gluon import fa3_forward
+    from kernels.prefill_attention_ref import flash_attention_varlen_ref
+
+    bm, bn, stages, warps = shape
+    seed, gen = _new_gen()
+    lens = [1, 63, 64, 65, 129, 1000, 2053] + torch.randint(1, 700, (3,), generator=gen).tolist()
+    q, k, v, cu = make_varlen(lens, 9, 3, 64, torch.bfloat16, "cuda", gen)
+    o = torch.full_like(q, float("nan"))
+    fa3_forward(q, k, v, cu, max(lens), 0.125 * 1.4426950408889634, bm, bn, stages, warps, out=o)
+    ref = flash_attention_varlen_ref(q.float(), k.float(), v.float(), cu, max(lens), 0.125)
+    assert bool(torch.isfinite(o).all()), f"unwritten output (seed {seed})"
+    assert rel_err(o, ref) < BF16_TOL, f"rel err {rel_err(o, ref):.3g} (seed {seed})"
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 32, 4, 3, 0), (1, 4, 32, 4, 3, 64), (1, 4, 32, 4, 4, 0), (2, 4, 32, 4, 3, 0),

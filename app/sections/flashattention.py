@@ -151,8 +151,8 @@ def settings_section() -> FlashSettings:
     row = _row_control(n, c[4])
     show = c[5].radio("Heatmap", ["probabilities", "scores"], key="flash-show")
     st.caption(f"{plural(n, 'token')} → N = {n:,} query {'row' if n == 1 else 'rows'} and {plural(n, 'key')} "
-               "per head. The real H200 kernel uses 64 × 64 tiles (bench/kernels.py); small tiles here make the "
-               "grid readable.")
+               "per head. The real H200 kernel uses 64 × 64 tiles (128 × 64 for prompts over 2,048 tokens; "
+               "bench/kernels.py); small tiles here make the grid readable.")
     return FlashSettings(tuple(ids), int(layer), int(head), int(block_m), int(block_n), row, str(show))
 
 

@@ -60,7 +60,9 @@ DECODE_KERNEL = "group"
 # SINGLE_PASS_LEN), B >= 128 none.
 # bench/NOTES_kernels.md "v10" (the loop page loads wanted 16 per SM and 128-key tiles, "v5").
 TARGET_PROGRAMS_PER_SM = {"decode": 3, "chunk": 8, "allheads": 8}
-NUM_STAGES = {"decode": 3, "chunk": 3, "allheads": 2}
+# Chunks: 2 stages beat 3 by 2-4 % at all four shapes of bench/paged_chunk_sweep.py (v25; 128-row tiles,
+# which help FA2 at long L, lose here).
+NUM_STAGES = {"decode": 3, "chunk": 2, "allheads": 2}
 # K/V tile height (allheads: token-head rows). Decode takes 128-key tiles with the engine's
 # head-major pool on CUDA (engine/kv_pool.py), where a page's keys of one head are contiguous: 0.6-1.9 %
 # faster than 64-key tiles at B = 64 from 8k to 32k and equal below (v11). With a token-major pool

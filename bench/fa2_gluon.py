@@ -2,9 +2,9 @@
 
 The engine's Triton kernel (kernels/prefill_attention_triton.py) waits for every wgmma before the
 next step, so inside one program the tensor cores and the exponentials take turns; only the 2-3
-programs sharing an SM overlap them. Triton 3.6 neither pipelines Q K^T across the softmax
-(`bench/fa2_variants.py`, mode `pipe`: the wait is still inserted) nor warp-specialises this loop on
-Hopper (mode `ws`: ignored with 8 warps, a compiler error with 4). Gluon exposes `warpgroup_mma`
+programs sharing an SM overlap them. Triton 3.6 neither pipelines Q K^T across the softmax (issued
+by hand one tile early, it still waits on it at once) nor warp-specialises this loop on Hopper
+(`warp_specialize=True` is ignored with 8 warps and a compiler error with 4): bench/NOTES_kernels.md v25. Gluon exposes `warpgroup_mma`
 with `is_async` and `warpgroup_mma_wait(num_outstanding)`, so this kernel orders each iteration as
 FlashAttention-3 does:
 
@@ -18,7 +18,8 @@ K and V tiles stream through separate TMA rings (`STAGES` slots each, one mbarri
 Causal, varlen (cu_seqlens), GQA, head dim 64, the same contract and grid order as the engine
 kernel. Tiles on or right of the diagonal are masked; the rest run unmasked.
 
-Usage: imported by bench/fa2_variants.py (`--gluon`).
+Usage: timed by bench/fa2_variants.py (variants named gluon/...); tested by
+tests/test_kernels.py::test_gpu_gluon_fa3_bench.
 """
 from __future__ import annotations
 

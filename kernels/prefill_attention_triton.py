@@ -262,6 +262,15 @@ def default_config(max_seqlen: int, impl: str) -> dict:
     return LONG_CONFIG if impl == "tma" and max_seqlen > LONG_FROM else DEFAULT_CONFIG
 
 
+def describe_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen: int) -> str:
+    """In words, the variant and tile config a default call would launch (for the pages' tables)."""
+    impl = "tma" if (not _INTERPRET and tma_ok(q, k, v)) else "ptr"
+    cfg = default_config(max_seqlen, impl)
+    loads = "TMA loads" if impl == "tma" else "pointer loads"
+    return (f"{loads}, {cfg['BLOCK_M']} x {cfg['BLOCK_N']} tiles, {cfg['num_warps']} warps, "
+            f"{cfg['num_stages']} stages")
+
+
 def _seq_bucket(max_seqlen: int) -> int:
     """Autotune key: short (<= 512), medium (<= 2048), long prompts may prefer different tiles.
     (Values are multiples of 16 so the unused argument never changes Triton's specialisation.)"""

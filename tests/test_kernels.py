@@ -501,6 +501,8 @@ def test_prefill_default_config_by_length():
     assert fa.default_config(fa.LONG_FROM + 1, "tma") == fa.LONG_CONFIG
     assert fa.default_config(100_000, "ptr") == fa.DEFAULT_CONFIG
     assert fa.LONG_CONFIG["BLOCK_M"] % fa.DEFAULT_CONFIG["BLOCK_M"] == 0
+    x = torch.zeros(4, 9, 64)  # on the CPU: never TMA, so always the default tiles
+    assert fa.describe_launch(x, x[:, :3], x[:, :3], 10_000) == "pointer loads, 64 x 64 tiles, 4 warps, 3 stages"
 
 
 # --------------------------------------------------------------------------------------------

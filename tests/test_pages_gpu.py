@@ -51,6 +51,7 @@ def test_flash_page_times_the_triton_kernel() -> None:
         assert not r.error, r
         assert r.device == torch.cuda.get_device_name() and r.ms > 0, r
     assert by_name["Triton FA2 kernel (bfloat16)"].rel_err < 1e-2
+    assert "64 x 64 tiles" in by_name["Triton FA2 kernel (bfloat16)"].what  # 300 tokens: the default tiles
     fp32 = by_name["Triton FA2 kernel (float32)"]
     assert "IEEE fp32" in fp32.what and fp32.rel_err < 1e-5  # the engine's setting (kernels/dispatch.py)
     assert by_name["torch SDPA"].rel_err < 1e-5  # fp32 inputs upcast from the same bf16 values

@@ -131,7 +131,7 @@ def _triton_rows(qkv: LayerQKV, cu: torch.Tensor, timed, ref: torch.Tensor, wher
     try:
         # The engine's dispatch module sets how fp32 dots compile (IEEE, for exactness) before any kernel does.
         from kernels.dispatch import fp32_dot_precision
-        from kernels.prefill_attention_triton import flash_attention_varlen_triton
+        from kernels.prefill_attention_triton import describe_launch, flash_attention_varlen_triton
     except Exception as e:  # noqa: BLE001
         return [MethodResult("Triton FA2 kernel", "kernels.prefill_attention_triton", where, "-", float("nan"),
                              float("nan"), False, f"could not import: {e}")]
@@ -140,7 +140,8 @@ def _triton_rows(qkv: LayerQKV, cu: torch.Tensor, timed, ref: torch.Tensor, wher
         q, k, v = qkv.q.to(dt), qkv.k.to(dt), qkv.v.to(dt)
         name = str(dt).removeprefix("torch.")
         rows.append(_run(f"Triton FA2 kernel ({name})", "kernels.prefill_attention_triton."
-                         "flash_attention_varlen_triton: the kernel the engine runs on this GPU"
+                         "flash_attention_varlen_triton: the kernel the engine runs on this GPU "
+                         f"({describe_launch(q, k, v, qkv.seq_len)})"
                          + (_fp32_note(fp32_dot_precision()) if dt == torch.float32 else ""),
                          lambda q=q, k=k, v=v: flash_attention_varlen_triton(q, k, v, cu, qkv.seq_len, qkv.scale),
                          False, reps, timed, ref, where, name))

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,28 +28,9 @@ import triton  # noqa: E402
 
 import kernels.prefill_attention_triton as fa  # noqa: E402
 from bench.fa2_gluon import fa3_forward  # noqa: E402
+from bench.kernels import HKV, HQ, SCALE, D, bench, clocks_up, make_prefill_inputs, rel  # noqa: E402
 
-HQ, HKV, D = 9, 3, 64
-SCALE = D ** -0.5
 LOG2E = 1.4426950408889634
-
-
-def bench_ms(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def inputs(lens, gen):
-    t = sum(lens)
-    q = torch.randn(t, HQ, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(t, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(t, HKV, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(lens).cumsum(0)
-    return q, k, v, cu.cuda()
-
-
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 TRITON_TILES = [  # (BLOCK_M, BLOCK_N, warps, stages) for the engine kernel's TMA variant
@@ -85,18 +65,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fa2_variants_h200.json"))
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    t_end = time.time() + 2.0
-    while time.time() < t_end:
-        a @ a
-    torch.cuda.synchronize()
-    del a
+    clocks_up(seconds=2.0)
     todo = runners()
     if args.only:
         todo = {n: r for n, r in todo.items() if n in args.only.split(",")}
     # Correctness on ragged lengths first, every variant against the engine's kernel.
     lens = [1, 63, 64, 65, 200, 1000, 1537]
-    q, k, v, cu = inputs(lens, gen)
+    q, k, v, cu = make_prefill_inputs(lens, gen)
     ref = fa.flash_attention_varlen_triton(q, k, v, cu, max(lens), SCALE)
     checks = {}
     for name, run in todo.items():
@@ -108,7 +83,7 @@ def main() -> None:
     rows = []
     for L in [int(x) for x in args.lengths.split(",")]:
         B = max(1, args.tokens // L)
-        q, k, v, cu = inputs([L] * B, gen)
+        q, k, v, cu = make_prefill_inputs([L] * B, gen)
         flops = B * 4 * L * L * HQ * D / 2
         qs = q.view(B, L, HQ, D).transpose(1, 2).contiguous()
         ks = k.view(B, L, HKV, D).transpose(1, 2).contiguous()
@@ -123,7 +98,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for n, fn in fns.items():
                 try:
-                    times[n].append(bench_ms(fn))
+                    times[n].append(bench(fn))
                 except Exception as exc:  # noqa: BLE001
                     print("failed", n, repr(exc)[:200], flush=True)
         med = {n: sorted(t)[len(t) // 2] for n, t in times.items() if t}

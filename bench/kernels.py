@@ -60,11 +60,19 @@ def make_pool(nb: int, gen, fill: float | None = None, page: int = BS) -> torch.
     return pool.transpose(1, 2) if HEAD_MAJOR else pool
 
 
-def clocks_up(matmuls: int = 200) -> None:
-    """Bring the GPU's clocks up from idle with bf16 matmuls before anything is timed."""
+def clocks_up(matmuls: int = 200, seconds: float | None = None) -> None:
+    """Bring the GPU's clocks up from idle with bf16 matmuls before anything is timed: `matmuls` of
+    them, or as many as fit in `seconds` when that is given."""
     a = torch.randn(8192, 8192, device="cuda", dtype=DT)
-    for _ in range(matmuls):
-        a @ a
+    if seconds is None:
+        for _ in range(matmuls):
+            a @ a
+    else:
+        t_end = time.time() + seconds
+        while time.time() < t_end:
+            for _ in range(10):
+                a @ a
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
 
 
@@ -375,13 +383,7 @@ def main() -> None:
             "kv_layout": "head_major" if HEAD_MAJOR else "token_major"}
     print(info, flush=True)
     # Bring the clocks up from idle before anything is timed (run 2/3 showed first-measurement dips).
-    a = torch.randn(8192, 8192, device="cuda", dtype=DT)
-    t_end = time.time() + 2.0
-    while time.time() < t_end:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-    del a
+    clocks_up(seconds=2.0)
     cp = copy_bandwidth()
     print(f"copy bandwidth: {cp['TBps']:.3f} TB/s", flush=True)
     try:

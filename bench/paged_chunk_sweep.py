@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import DT, HKV, HQ, SCALE, D, bench_graph, make_decode_set, rel  # noqa: E402
+from bench.kernels import DT, HKV, HQ, SCALE, D, bench_graph, clocks_up, make_decode_set, rel  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
 SHAPES = [(4, 8192, 2048), (16, 2048, 512), (8, 1024, 256), (1, 4096, 512)]  # (B, ctx, q_len)
@@ -33,7 +32,8 @@ TILES = [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64
 
 
 def with_block_m(block_m: int):
-    """pa.plan with the chunk mode's BLOCK_M replaced (and its q tiles and splits worked out again)."""
+    """pa.plan with the chunk mode's BLOCK_M replaced and its q tiles worked out again; the split count
+    stays the default plan's (one split at every shape swept here)."""
     orig = pa.plan
 
     def plan(batch, hq, hkv, max_query_len, max_seq_len, device, *args, **kw):
@@ -64,12 +64,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "paged_chunk_sweep_h200.json"))
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
-    a = torch.randn(8192, 8192, device="cuda", dtype=DT)
-    t_end = time.time() + 2.0
-    while time.time() < t_end:
-        a @ a
-    torch.cuda.synchronize()
-    del a
+    clocks_up(seconds=2.0)
     # Correctness at a small ragged-free shape, every tile, against the fp32 reference.
     B, ctx, ql = 3, 700, 200
     s = make_decode_set(B, 704, gen)

@@ -262,9 +262,14 @@ def default_config(max_seqlen: int, impl: str) -> dict:
     return LONG_CONFIG if impl == "tma" and max_seqlen > LONG_FROM else DEFAULT_CONFIG
 
 
+def default_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The variant a call without `impl` runs: TMA where it applies, pointer loads elsewhere."""
+    return "tma" if (not _INTERPRET and tma_ok(q, k, v)) else "ptr"
+
+
 def describe_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen: int) -> str:
     """In words, the variant and tile config a default call would launch (for the pages' tables)."""
-    impl = "tma" if (not _INTERPRET and tma_ok(q, k, v)) else "ptr"
+    impl = default_impl(q, k, v)
     cfg = default_config(max_seqlen, impl)
     loads = "TMA loads" if impl == "tma" else "pointer loads"
     return (f"{loads}, {cfg['BLOCK_M']} x {cfg['BLOCK_N']} tiles, {cfg['num_warps']} warps, "
@@ -334,7 +339,7 @@ def flash_attention_varlen_triton(
     if config == "autotune" and _INTERPRET:
         config = INTERPRET_CONFIG
     if impl is None:
-        impl = "tma" if (not _INTERPRET and tma_ok(q, k, v)) else "ptr"
+        impl = default_impl(q, k, v)
     elif impl == "tma" and not _INTERPRET and not tma_ok(q, k, v):
         raise ValueError("impl='tma' needs a Hopper GPU, bf16/fp16 inputs with [T, H*D]-contiguous rows")
     if config is None:

@@ -52,7 +52,7 @@ PAGES: tuple[PageSpec, ...] = (
              ":material/grid_view:", "pages/03_paged_attention.py", "paged-attention"),
     PageSpec("FlashAttention-2", "Memory and attention",
              "The tile schedule, one row's running max and sum, and the N × N matrix never written, on the real "
-             "Q, K, V of your prompt; time and error vs naive attention and SDPA.",
+             "Q, K, V of your prompt; time and error vs naive attention and SDPA; split-KV decoding (Flash-Decoding).",
              ":material/bolt:", "pages/05_flashattention.py", "flashattention"),
     PageSpec("Radix prefix cache", "Memory and attention",
              "The radix tree of cached prompt prefixes growing as requests arrive: locks, LRU eviction in a "

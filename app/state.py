@@ -5,11 +5,15 @@ session_state is per browser tab, so two students never share an engine.
 """
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import streamlit as st
 
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import Scenario
 from app.session import EngineSession
+
+T = TypeVar("T")
 
 
 def session_key(page: str) -> str:
@@ -31,3 +35,13 @@ def page_cache(page: str) -> dict:
     if key not in st.session_state:
         st.session_state[key] = {}
     return st.session_state[key]
+
+
+def cached_by_kind(page: str, key: tuple, build: Callable[[], T]) -> T:
+    """One entry per kind (`key[0]`) in the page cache, rebuilt only when the rest of its key changes: a
+    page's heavy results (a trace, a comparison) survive reruns without piling up one per setting tried."""
+    cache = page_cache(page)
+    kind = key[0]
+    if cache.get(kind, (None,))[0] != key:
+        cache[kind] = (key, build())
+    return cache[kind][1]

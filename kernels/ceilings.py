@@ -52,6 +52,7 @@ class ReferenceDevice:
     # app.analysis.kernel_paths.PATHS, for servers that cannot run them all
     kernel_paths_ms: tuple[tuple[str, float], ...] = ()
     memory_bytes: float = 0.0  # device memory torch reports there (for "does this batch fit?")
+    multiprocessors: int = 0  # SMs: how many programs fill it (the split-KV planner's input)
 
 
 REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
@@ -69,6 +70,7 @@ REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
         (("torch", 50.8), ("triton", 22.6), ("graphs", 1.07)),
         # torch.cuda.get_device_properties(0).total_memory there: 139.80 GiB
         139.80 * 2**30,
+        132,  # torch.cuda.get_device_properties(0).multi_processor_count there
     ),
 }
 

@@ -537,6 +537,13 @@ def plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, de
                       min_partition, block_n, decode_kernel, single_pass_len, _INTERPRET))
 
 
+def decode_plan_for(batch: int, hq: int, hkv: int, context: int, sms: int) -> dict:
+    """The plan a decode launch (one query row per sequence, contexts of up to `context` tokens) gets on a
+    GPU with `sms` SMs, from the launcher's own defaults: what the FlashAttention page tabulates for an
+    H200 without one. Same keys as `plan`."""
+    return dict(_plan(batch, hq, hkv, 1, context, sms, None, None, None, None, None, False))
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(batch: int, hq: int, hkv: int, max_query_len: int, max_seq_len: int, sms: int,
           programs_per_sm: int | None, min_partition: int | None, block_n: int | None,

@@ -84,6 +84,23 @@ def test_flash_page_times_our_triton_kernel(gpu_app: AppTest) -> None:
     assert set(table["device"]) >= {torch.cuda.get_device_name()}
 
 
+def test_flash_page_runs_our_split_kv_decode_kernel(gpu_app: AppTest) -> None:
+    """The decoding section runs the engine's Triton decode kernel on the prompt's newest row through a
+    shuffled paged pool: as planned for batch 1 (the default prompt is shorter than a 256-key split, so one
+    split), asked for more splits, and forced to one; every launch within bf16 tolerance of float64."""
+    at = open_page(gpu_app, "05_flashattention.py")
+    assert_clean(at)
+    table = next(d.value for d in at.dataframe if "launch" in d.value.columns)
+    runs = dict(zip(table["launch"], table["splits"]))
+    assert runs["as the engine plans batch 1"] == 1 and runs["one split"] == 1, runs
+    assert runs["asked for 4"] >= 2, runs  # two 128-key tiles at the default prompt's length
+    assert all(float(e) < 1e-2 for e in table["rel. error vs float64"]), list(table["rel. error vs float64"])
+    at.select_slider(key="flash-splits").set_value(1).run()
+    assert_clean(at)
+    table = next(d.value for d in at.dataframe if "launch" in d.value.columns)
+    assert dict(zip(table["launch"], table["splits"]))["asked for 1"] == 1
+
+
 def test_roofline_page_times_every_kernel_path(gpu_app: AppTest) -> None:
     """On a GPU the roofline page runs its scenario on all three kernel paths; replaying each decode step
     as one CUDA graph beats launching its few hundred kernels one by one (the page's first scenario on an

@@ -367,6 +367,33 @@ def test_flash_page_loads_and_reacts(app_env) -> None:  # noqa: ANN001
 
 
 @pytest.mark.slow
+def test_flash_page_decoding_section(app_env) -> None:  # noqa: ANN001
+    """The section's controls change the dealing and the split count; the merge stays exact; the planner
+    grid and the recorded timings draw."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "pages/05_flashattention.py"), default_timeout=300)
+    at.run()
+    assert not at.exception and not at.error
+    assert any(h.value.startswith("Decoding: split-KV") for h in at.subheader)
+
+    def metrics() -> dict[str, str]:
+        return {m.label: m.value for m in at.metric}
+
+    assert int(metrics()["Programs at batch 1"]) == 3 * 4  # 3 KV heads x the default 4 splits
+    for splits in (1, 8):
+        at.select_slider(key="flash-splits").set_value(splits).run()
+        assert not at.exception
+        m = metrics()
+        assert int(m["Programs at batch 1"]) == 3 * splits and float(m["Merged vs one pass"]) < 1e-5
+        assert (m["The merge reads"] == "nothing") == (splits == 1)
+    at.radio(key="flash-split-layout").set_value("contiguous ranges").run()
+    assert not at.exception and float(metrics()["Merged vs one pass"]) < 1e-5
+    captions = " ".join(c.value for c in at.caption)
+    assert "bench/results/split_kv_h200.json" in captions and "Split" in captions
+    assert any("splits" in d.value.columns for d in at.dataframe)
+
+@pytest.mark.slow
 @pytest.mark.parametrize("page_file", ["02_attention_roofline.py", "05_flashattention.py"])
 def test_pages_open_through_the_navigation(app_env, page_file: str) -> None:  # noqa: ANN001
     """Registered in app/registry.py and reachable from app/main.py's st.navigation."""

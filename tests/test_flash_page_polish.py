@@ -292,3 +292,13 @@ def test_page_charts_follow_presentation_mode(flash_app) -> None:  # noqa: ANN00
     assert all(s["layout"]["template"]["layout"]["font"]["size"] == 20 for s in specs)
     online = next(s for s in specs if any("Running max" in a.get("text", "") for a in s["layout"].get("annotations", [])))
     assert all("size" not in a.get("font", {}) for a in online["layout"]["annotations"])
+
+
+def test_kernel_tiles_text_follows_the_kernel_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings caption names the GPU kernel's tiles from its configs, so a retune cannot leave it stale."""
+    import kernels.prefill_attention_triton as fa
+
+    assert flash_compare.kernel_tiles_text() == "64 × 64 tiles (128 × 64 for prompts over 2,048 tokens)"
+    monkeypatch.setattr(fa, "LONG_FROM", 4096)
+    monkeypatch.setattr(fa, "LONG_CONFIG", dict(fa.LONG_CONFIG, BLOCK_N=32))
+    assert flash_compare.kernel_tiles_text() == "64 × 64 tiles (128 × 32 for prompts over 4,096 tokens)"

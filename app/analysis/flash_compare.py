@@ -227,3 +227,15 @@ def largest_cpu_cache(root: str = "/sys/devices/system/cpu/cpu0/cache") -> CpuCa
         if best is None or cache.bytes > best.bytes:
             best = cache
     return best
+
+
+def kernel_tiles_text() -> str:
+    """The GPU kernel's tile shapes in words, from its own configs: "64 × 64 tiles (128 × 64 for prompts over
+    2,048 tokens)" while those are the kernel's settings."""
+    from kernels.prefill_attention_triton import DEFAULT_CONFIG, LONG_CONFIG, LONG_FROM  # imports Triton
+
+    def shape(cfg: dict) -> str:
+        return f"{cfg['BLOCK_M']} × {cfg['BLOCK_N']}"
+
+    return f"{shape(DEFAULT_CONFIG)} tiles ({shape(LONG_CONFIG)} for prompts over {LONG_FROM:,} tokens)"
+

@@ -10,13 +10,13 @@ import torch
 from kernels.flash_trace import FlashTrace, flash_attention_tiled
 
 from app.analysis.flash_compare import (MATRIX_DTYPE, STATE_DTYPE, AttentionMemory, MethodResult, compare_methods,
-                                        largest_cpu_cache, memory_table)
+                                        kernel_tiles_text, largest_cpu_cache, memory_table)
 from app.analysis.flash_qkv import LayerQKV, layer_qkv
 from app.analysis.kv_math import human_bytes
 from app.charts.flash_tiles import future_tiles, method_chart, online_softmax_chart, score_matrix, tile_grid
 from app.formatting import plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
-from app.state import page_cache
+from app.state import cached_by_kind, page_cache
 from app.theme import show_figure
 from app.widgets.explain import explanation
 
@@ -77,7 +77,10 @@ def flash_explanation() -> None:
          "Change the tile sizes: the number of skipped tiles and of rescales changes, the output does not "
          "(the error column stays at float rounding).",
          "In deep layers the first token (an attention sink) holds the row's max from tile 0 on, so the max "
-         "rarely grows; early layers (0–3) rescale more often."],
+         "rarely grows; early layers (0–3) rescale more often.",
+         "At the bottom, decoding: one query row, its keys split over S programs (Flash-Decoding). Each split's "
+         "max is only local; one rescale per split in the merge gives the same output, and the splits are what "
+         "keeps a GPU busy at batch 1."],
         note="The real Triton kernel also works in base 2 (exp2 with scores pre-multiplied by log₂e) and keeps O "
              "unnormalised in fp32 registers; the math is the same.",
     )
@@ -151,18 +154,13 @@ def settings_section() -> FlashSettings:
     row = _row_control(n, c[4])
     show = c[5].radio("Heatmap", ["probabilities", "scores"], key="flash-show")
     st.caption(f"{plural(n, 'token')} → N = {n:,} query {'row' if n == 1 else 'rows'} and {plural(n, 'key')} "
-               "per head. The real H200 kernel uses 64 × 64 tiles (128 × 64 for prompts over 2,048 tokens; "
-               "bench/kernels.py); small tiles here make the grid readable.")
+               f"per head. The real H200 kernel uses {kernel_tiles_text()} (bench/kernels.py); small tiles here "
+               "make the grid readable.")
     return FlashSettings(tuple(ids), int(layer), int(head), int(block_m), int(block_n), row, str(show))
 
 
 def _cached(key: tuple, build):  # noqa: ANN001, ANN202
-    """One entry per kind in the page cache: recomputed only when its inputs change."""
-    cache = page_cache(PAGE)
-    kind = key[0]
-    if cache.get(kind, (None,))[0] != key:
-        cache[kind] = (key, build())
-    return cache[kind][1]
+    return cached_by_kind(PAGE, key, build)
 
 
 def get_qkv(s: FlashSettings) -> LayerQKV:

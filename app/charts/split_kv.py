@@ -81,9 +81,8 @@ def merge_chart(trace: SplitKVTrace) -> go.Figure:
         customdata=[[p.m, p.l, p.keys, math.exp(p.m - trace.m) if p.keys else 0.0] for p in parts],
         hovertemplate="%{y}: %{customdata[2]} keys<br>m_s = %{customdata[0]:.3f}, l_s = %{customdata[1]:.3f}"
                       "<br>rescaled by exp(m_s − M) = %{customdata[3]:.3g}<br>share %{x:.2f} %<extra></extra>"))
-    fig.update_layout(title="The merge: each split's share exp(m_s − M)·l_s / L", showlegend=False,
-                      bargap=0.35)
-    fig.update_xaxes(title_text="% of the row's softmax mass", range=[0, 118], zeroline=True)
+    fig.update_layout(title="The merge: each split's share", showlegend=False, bargap=0.35)
+    fig.update_xaxes(title_text="exp(m_s − M)·l_s / L, % of the mass", range=[0, 118], zeroline=True)
     fig.update_yaxes(autorange="reversed", type="category")
     return fig
 

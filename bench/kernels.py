@@ -233,6 +233,11 @@ def decode_kv_bytes(B: int, L: int) -> int:
     return 2 * B * L * HKV * D * 2
 
 
+def decode_call_bytes(B: int, L: int) -> int:
+    """What one decode attention call moves: K and V read once, q read, the output written (bf16)."""
+    return decode_kv_bytes(B, L) + 2 * B * HQ * D * 2
+
+
 def rotating_sets(kv_bytes: int) -> int:
     """How many input sets a graph-timed call rotates through, so that together they hold 4x the L2
     and no call finds its K/V still cached from the previous one."""
@@ -280,7 +285,7 @@ def decode_bench(gen, seq_lens_list, B, copy_tbps, sweep_at) -> tuple[list[dict]
         n_sets = rotating_sets(kv_bytes)
         sets = [make_decode_set(B, L, gen) for _ in range(n_sets)]
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
-        nbytes = kv_bytes + 2 * B * HQ * D * 2  # K+V read once, q read, out written
+        nbytes = decode_call_bytes(B, L)
         plan = pa.plan(B, HQ, HKV, 1, L, torch.device("cuda"))
 
         def calls(**kw):

@@ -154,7 +154,7 @@ def main() -> None:
     check()
     if args.check:
         return
-    from bench.kernels import (D, HQ, SCALE, bench_graph, clocks_up, copy_bandwidth, decode_kv_bytes,
+    from bench.kernels import (SCALE, bench_graph, clocks_up, copy_bandwidth, decode_call_bytes, decode_kv_bytes,
                                make_decode_set, rel, rotating_sets)
     from bench.paged_decode_sweep import sdpa_ms
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -165,7 +165,7 @@ def main() -> None:
     results = []
     for L in [int(x) for x in args.lengths.split(",")]:
         kv_bytes = decode_kv_bytes(B, L)
-        nbytes = kv_bytes + 2 * B * HQ * D * 2
+        nbytes = decode_call_bytes(B, L)
         sets = [make_decode_set(B, L, gen) for _ in range(rotating_sets(kv_bytes))]
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
         s0 = sets[0]

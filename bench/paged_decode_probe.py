@@ -30,8 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (DT, HKV, HQ, SCALE, D, bench_graph, clocks_up, copy_bandwidth, decode_kv_bytes,  # noqa: E402
-                           make_decode_set, rotating_sets)
+from bench.kernels import (DT, HKV, HQ, SCALE, D, bench_graph, clocks_up, copy_bandwidth,  # noqa: E402
+                           decode_call_bytes, decode_kv_bytes, make_decode_set, rotating_sets)
 
 B = 64
 
@@ -74,7 +74,7 @@ def main() -> None:
     copy = copy_bandwidth()["TBps"]
     kv_bytes = decode_kv_bytes(B, length)
     n_sets = rotating_sets(kv_bytes)
-    nbytes = kv_bytes + 2 * B * HQ * D * 2
+    nbytes = decode_call_bytes(B, length)
 
     def record(name: str, ms: float) -> None:
         res[f"{name}_us"] = ms * 1e3

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.paged_attention_triton as pa  # noqa: E402
-from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, clocks_up, copy_bandwidth, decode_kv_bytes,  # noqa: E402
-                           make_decode_set, rel, rotating_sets)
+from bench.kernels import (D, DT, HKV, HQ, SCALE, bench_graph, clocks_up, copy_bandwidth,  # noqa: E402
+                           decode_call_bytes, decode_kv_bytes, make_decode_set, rel, rotating_sets)
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     results = []
     for L in [int(x) for x in args.lengths.split(",")]:
         kv_bytes = decode_kv_bytes(B, L)
-        nbytes = kv_bytes + 2 * B * HQ * D * 2
+        nbytes = decode_call_bytes(B, L)
         n_sets = rotating_sets(kv_bytes)
         sets = [make_decode_set(B, L, gen) for _ in range(n_sets)]
         sl = torch.full((B,), L, dtype=torch.int32, device="cuda")

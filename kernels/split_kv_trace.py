@@ -38,7 +38,6 @@ class SplitPartial:
     m: float  # the split's own max score (-inf if it owns no key)
     l: float  # sum of exp(score - m) over its keys
     weight: float  # exp(m - M) * l / L: the share of the row's softmax mass that comes from this split
-    acc_norm: float  # |acc_s / l_s|: the size of the split's own normalised output
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +129,9 @@ def split_kv_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     for sp in range(splits):
         tiles = tuple(t for t, o in enumerate(owner) if o == sp)
         keys = int((key_owner == sp).sum())
-        l_s = float(l_all[sp, head])
         partials.append(SplitPartial(
-            split=sp, tiles=tiles, keys=keys, m=float(m_all[sp, head]), l=l_s,
-            weight=float(w[sp, head] * l_all[sp, head] / big_l[head]),
-            acc_norm=float(acc_all[sp, head].norm() / l_s) if l_s > 0 else 0.0))
+            split=sp, tiles=tiles, keys=keys, m=float(m_all[sp, head]), l=float(l_all[sp, head]),
+            weight=float(w[sp, head] * l_all[sp, head] / big_l[head])))
     return SplitKVTrace(seq_len=n, block_n=block_n, splits=splits, layout=layout, head=head,
                         scores=s[head].clone(), owner=owner, partials=tuple(partials),
                         m=float(big_m[head]), l=float(big_l[head]), merged=merged, one_pass=one_pass)

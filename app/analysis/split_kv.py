@@ -133,33 +133,27 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def kernel_check(qkv: LayerQKV, splits: int, page: int = 16, seed: int = 0) -> tuple[KernelRun, ...]:
     """Needs CUDA. The layer's keys and values go into a pool of `page`-token blocks in shuffled order (as in
-    a server that has run a while); the newest token's queries are the decode row. Three launches: as the
-    engine plans batch 1 (at most 256 keys a split, so a short prompt gets one), as close to `splits` as the
-    kernel's tiles allow, and one split."""
+    a server that has run a while), written by slot mapping as the engine stores them; the newest token's
+    queries are the decode row. Three launches: as the engine plans batch 1 (at most 256 keys a split, so a
+    short prompt gets one), as close to `splits` as the kernel's tiles allow, and one split; each against the
+    torch reference of the same signature in float64."""
+    from kernels.kv_store_ref import store_kv_ref
+    from kernels.paged_attention_ref import paged_attention_ref
     from kernels.paged_attention_triton import paged_attention_triton, plan
 
     n, hkv, d = qkv.k.shape
     hq = qkv.q.shape[1]
     dev = qkv.q.device
     blocks = math.ceil(n / page)
-    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed)).to(dev)
-
-    def pool(x: torch.Tensor) -> torch.Tensor:
-        padded = torch.zeros(blocks * page, hkv, d, device=dev, dtype=x.dtype)
-        padded[:n] = x
-        out = torch.empty(blocks, page, hkv, d, device=dev, dtype=x.dtype)
-        out[order] = padded.view(blocks, page, hkv, d)
-        return out
-
-    kc, vc = pool(qkv.k), pool(qkv.v)
-    table = order.to(torch.int32).view(1, blocks)
+    table = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed)).to(dev, torch.int32).view(1, blocks)
+    pos = torch.arange(n, device=dev)
+    kc = torch.zeros(blocks, page, hkv, d, device=dev, dtype=qkv.k.dtype)
+    vc = torch.zeros_like(kc)
+    store_kv_ref(qkv.k, qkv.v, kc, vc, table[0, pos // page].long() * page + pos % page)
     seq_lens = torch.tensor([n], dtype=torch.int32, device=dev)
     qsl = torch.tensor([0, 1], dtype=torch.int32, device=dev)
     q = qkv.q[-1:].contiguous()
-    group = hq // hkv
-    kd = qkv.k.double().repeat_interleave(group, dim=1)
-    vd = qkv.v.double().repeat_interleave(group, dim=1)
-    ref = torch.einsum("hn,nhd->hd", torch.softmax(torch.einsum("hd,nhd->hn", q[0].double(), kd) * qkv.scale, 1), vd)
+    ref = paged_attention_ref(q.double(), kc.double(), vc.double(), table, seq_lens, qsl, 1, n, qkv.scale)[0]
     tile = int(plan(1, hq, hkv, 1, n, dev)["BLOCK_N"])
     launches = (("as the engine plans batch 1", {}),
                 (f"asked for {splits}", {"programs_per_sm": 1 << 20,

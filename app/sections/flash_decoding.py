@@ -10,15 +10,15 @@ from kernels.split_kv_trace import SplitKVTrace, split_kv_decode
 
 from app.analysis.flash_qkv import LayerQKV
 from app.analysis.kv_math import human_bytes
-from app.analysis.split_kv import (kernel_check, kv_bytes, load_split_bench, merge_bytes, plan_gpu, plan_grid,
-                                   planner_rule)
+from app.analysis.split_kv import (GpuShape, PlannerRule, kernel_check, kv_bytes, load_split_bench, merge_bytes,
+                                   plan_gpu, plan_grid, planner_rule)
 from app.charts.split_kv import merge_chart, plan_heatmap, split_gain_chart, split_scores_chart
 from app.formatting import plural
 from app.runtime import device
+from app.sections.flashattention import PAGE  # one page cache: the kinds below differ from that module's
 from app.state import cached_by_kind
 from app.theme import show_figure
 
-PAGE = "flash"
 SPLIT_CHOICES = [1, 2, 3, 4, 6, 8]
 LAYOUTS = {"every S-th tile (the engine's decode kernel)": "interleaved", "contiguous ranges": "contiguous"}
 
@@ -30,7 +30,7 @@ def _cached(key: tuple, build):  # noqa: ANN001, ANN202
 def decoding_section(token_ids: tuple[int, ...], layer: int, head: int, block_n: int, qkv: LayerQKV) -> None:
     st.subheader("Decoding: split-KV (Flash-Decoding)")
     hq, hkv, d = int(qkv.q.shape[1]), int(qkv.k.shape[1]), int(qkv.k.shape[2])
-    gpu = plan_gpu()
+    gpu, rule = plan_gpu(), planner_rule()
     st.markdown(
         f"A decode step has **one query row** per head, so the query tiles FA2 spreads over programs are gone. "
         f"With one program per sequence and KV head (the engine's decode kernel gives each KV head's "
@@ -58,8 +58,8 @@ def decoding_section(token_ids: tuple[int, ...], layer: int, head: int, block_n:
         show_figure(merge_chart(trace), key="flash-split-merge", height=430)
     st.markdown(r"$\displaystyle M = \max_s m_s,\quad L = \sum_s e^{\,m_s - M}\,\ell_s,\quad "
                 r"O = \frac{1}{L}\sum_s e^{\,m_s - M}\,\mathrm{acc}_s$")
-    st.caption(split_caption(trace, block_n))
-    _plan_part(hq, hkv)
+    st.caption(split_caption(trace, block_n, rule.decode_tile))
+    _plan_part(hq, hkv, gpu, rule)
     _measured_part()
     if torch.device(device()).type == "cuda":
         _kernel_part(token_ids, layer, splits, qkv)
@@ -85,7 +85,7 @@ def _metrics(trace: SplitKVTrace, hq: int, hkv: int, d: int, sms: int) -> None:
                      "With one split the kernel writes the output directly and skips the merge")
 
 
-def split_caption(trace: SplitKVTrace, block_n: int) -> str:
+def split_caption(trace: SplitKVTrace, block_n: int, kernel_tile: int) -> str:
     """What the two charts show for this prompt: where the row's max sits and how the shares fall."""
     owners = [p for p in trace.partials if p.keys]
     top = max(owners, key=lambda p: p.m)
@@ -97,14 +97,12 @@ def split_caption(trace: SplitKVTrace, block_n: int) -> str:
     if trace.scores.numel() and int(trace.scores.argmax()) == 0:
         text += " (key 0, an attention sink, is in its first tile)"
     text += (". Change S or the dealing: the shares move, the output does not (the metric above stays at float "
-             f"rounding). The engine's kernel uses {planner_rule().decode_tile}-key tiles for decode; {block_n}-key "
+             f"rounding). The engine's kernel uses {kernel_tile}-key tiles for decode; {block_n}-key "
              "tiles here keep a short prompt's splits visible.")
     return text
 
 
-def _plan_part(hq: int, hkv: int) -> None:
-    gpu = plan_gpu()
-    rule = planner_rule()
+def _plan_part(hq: int, hkv: int, gpu: GpuShape, rule: PlannerRule) -> None:
     cells = _cached(("splitplan", gpu.sms, hq, hkv), lambda: plan_grid(hq, hkv, gpu.sms))
     left, right = st.columns([1.2, 1])
     with left:

@@ -10,6 +10,8 @@ back-to-back calls of:
 - the wrappers called directly (no dispatch);
 - the bare Triton launch of the same compiled kernel (`kernel[grid](...)`, Triton's own launcher);
 - the TMA descriptors alone (FA2's three `TensorDescriptor`s);
+- the same calls replayed from a launch tape (kernels/launch_tape.py) on another layer's tensors, as
+  layers 1.. of a piecewise prefill step run them;
 - torch SDPA (for scale: one ATen launch).
 
     python3 bench/launch_overhead.py
@@ -30,6 +32,7 @@ from bench.results_io import write_results  # noqa: E402
 from kernels import paged_attention_triton as pat  # noqa: E402
 from kernels import prefill_attention_triton as fa  # noqa: E402
 from kernels.dispatch import Kernels  # noqa: E402
+from kernels.launch_tape import LaunchTape  # noqa: E402
 
 
 def host_us(fn, calls: int = 200, rounds: int = 5) -> float:
@@ -120,14 +123,33 @@ def main() -> None:
     for fn in (fa_engine, fa_wrapper, fa_bare, paged_engine, paged_wrapper, sdpa):
         fn()  # compile
     torch.cuda.synchronize()
+
+    def replayer(call, movers: tuple, others: tuple):
+        """`call` recorded once with `movers`, replayed with `others` in their place (another layer)."""
+        tape = LaunchTape()
+        with tape.recording():
+            call()
+        tape.bind(movers)
+        assert tape.replay(others), "the tape refused to replay"
+
+        def replay() -> None:
+            tape.replay(others)
+        return replay
+
+    qkv2 = torch.randn_like(qkv)
+    kc2, vc2, qp2 = torch.randn_like(kc), torch.randn_like(vc), torch.randn_like(qp)
+    fa_replay = replayer(fa_engine, (qkv, kc, vc), (qkv2, kc2, vc2))
+    paged_replay = replayer(paged_engine, (qp, kc, vc), (qp2, kc2, vc2))
     rows = [
         ("FA2 prefill through Kernels (the engine's call)", host_us(fa_engine)),
         ("FA2 wrapper (flash_attention_varlen_triton)", host_us(fa_wrapper)),
         ("FA2 bare Triton launch, descriptors made once", host_us(fa_bare)),
         ("FA2's three TensorDescriptors alone", host_us(fa_descs)),
+        ("FA2 replayed from a tape on another layer", host_us(fa_replay)),
         ("paged (chunks) through Kernels", host_us(paged_engine)),
         ("paged wrapper (paged_attention_triton)", host_us(paged_wrapper)),
         ("paged plan() alone", host_us(paged_plan)),
+        ("paged replayed from a tape on another layer", host_us(paged_replay)),
         ("torch SDPA, one ATen launch", host_us(sdpa)),
     ]
     print(f"host time per call, us ({torch.cuda.get_device_name()}, torch {torch.__version__})")

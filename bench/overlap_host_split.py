@@ -24,10 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.results_io import write_results  # noqa: E402
-from bench.throughput import add_engine_options, apply_device_defaults, bench_engine, run_workload  # noqa: E402
-from bench.workload import mixed_requests  # noqa: E402
-from engine.host_memory import keep_freed_memory  # noqa: E402
-from engine.weights import load_weights  # noqa: E402
+from bench.throughput import add_engine_options, bench_engine, cuda_workload, run_workload  # noqa: E402
 
 
 class SectionTimer:
@@ -99,11 +96,7 @@ def main() -> None:
     ap.add_argument("--no-overlap", dest="overlap", action="store_false")
     ap.add_argument("--out", default="bench/results/overlap_host_split.json")
     args = ap.parse_args()
-    if not apply_device_defaults(args):
-        raise SystemExit("overlapped decode needs CUDA graphs: run on a CUDA machine")
-    keep_freed_memory()
-    weights = load_weights(args.weights)
-    reqs = mixed_requests(args.num_requests)
+    weights, reqs = cuda_workload(args, "overlapped decode and its CUDA graphs")
     engine = bench_engine(weights, reqs, args, cuda_graphs=True, overlap=args.overlap)
     run_workload(engine, reqs)  # untimed: every shape compiled and captured
     timer = SectionTimer()

@@ -62,6 +62,9 @@ class EngineConfig:
     # With cuda_graphs, steps with prefill tokens run as piecewise graphs too: everything but attention
     # captured per token-count bucket (engine/piecewise_graphs.py). Not while profiling kernels.
     prefill_graphs: bool = True
+    # In those piecewise prefill steps, layers 1.. replay layer 0's attention launches on their own
+    # tensors instead of going through the kernels' Python wrappers (kernels/launch_tape.py).
+    replay_attention_launches: bool = True
     # Overlapped decode (engine/overlap.py): while the GPU computes a greedy decode step the host
     # schedules and launches the next one, reading the tokens a step late. Needs CUDA graphs.
     overlap_decode: bool = False

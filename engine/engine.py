@@ -86,7 +86,8 @@ class LLMEngine:
             if config.prefill_graphs:
                 from engine.piecewise_graphs import PiecewiseGraphRunner
 
-                self.model.piecewise = PiecewiseGraphRunner(self.model, self.pool, config.max_num_batched_tokens)
+                self.model.piecewise = PiecewiseGraphRunner(self.model, self.pool, config.max_num_batched_tokens,
+                                                            replay_launches=config.replay_attention_launches)
         # Counted from what the forward passes really computed (not from the scheduler's intent).
         self.counters = {"forward_passes": 0, "prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "prompt_tokens_cached": 0}

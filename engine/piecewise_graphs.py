@@ -9,7 +9,8 @@ graphs: embedding -> [RMSNorm, QKV, RoPE + K/V store] of layer 0; then per layer
 RMSNorm, SwiGLU, and the next layer's RMSNorm, QKV, RoPE + store]; the last one ends in the final
 norm. Attention runs eagerly in between on the real rows, with the real batch's metadata, and its
 output is copied into the graphs' static input. A step then launches ~4 things a layer instead
-of ~10.
+of ~10. Layer 0's attention launches are recorded, and layers 1.. replay them with their own
+tensors, skipping the wrappers and Triton's launch path (kernels/launch_tape.py).
 
 Rows past the batch's token count (up to the bucket) compute on stale inputs and are ignored:
 every op outside attention is row-wise, their slot is -1 (no K/V write) and attention never sees
@@ -25,6 +26,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
+from kernels.launch_tape import LaunchTape
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -40,7 +42,7 @@ class _Captured:
 
 class PiecewiseGraphRunner:
     def __init__(self, model: LlamaModel, pool: KVPool, max_tokens: int,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, replay_launches: bool = True) -> None:
         self.model, self.pool = model, pool
         top = next((b for b in buckets if b >= max_tokens), buckets[-1])
         self.buckets = tuple(b for b in buckets if b <= top)
@@ -52,6 +54,11 @@ class PiecewiseGraphRunner:
         self.captured: dict[int, _Captured] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self.capture_seconds = 0.0
+        # Layers 1.. replay layer 0's attention launches with their own tensors (kernels/launch_tape.py);
+        # off: every layer launches through the kernels' wrappers (what the tape is checked against).
+        self.replay_launches = replay_launches
+        self._pool_layers = [pool.layer(i) for i in range(len(model.layers))]  # views made once
+        self.replayed_layers = 0  # layers whose attention came from a tape (tests and benches read it)
 
     def bucket_for(self, num_tokens: int) -> int | None:
         return next((b for b in self.buckets if b >= num_tokens), None)
@@ -125,9 +132,26 @@ class PiecewiseGraphRunner:
         self.slot_mapping[:t].copy_(batch.slot_mapping)
         self.slot_mapping[t:bucket].fill_(-1)
         m = self.model
+        tape = LaunchTape() if self.replay_launches and self._tapeable() else None
         for i, graph in enumerate(cap.graphs):
             graph.replay()
             if i < len(m.layers):
                 q, k, v = cap.qkv[i]
-                m.attention(q[:t], k[:t], v[:t], i, batch, self.pool, out=self.attn[:t].view(q[:t].shape))
+                movers = (q, k, v, *self._pool_layers[i])
+                if i > 0 and tape is not None and tape.replay(movers):
+                    self.replayed_layers += 1
+                    continue  # layer 0's attention launches, on this layer's q, k, v and KV pool
+                out = self.attn[:t].view(q[:t].shape)
+                if i == 0 and tape is not None:
+                    with tape.recording():
+                        m.attention(q[:t], k[:t], v[:t], i, batch, self.pool, out=out)
+                    tape.bind(movers)
+                else:
+                    m.attention(q[:t], k[:t], v[:t], i, batch, self.pool, out=out)
         return cap.out[:t]
+
+    def _tapeable(self) -> bool:
+        """Attention replays from a tape only when both its kernels are ours (a torch reference's ops
+        would not be on it)."""
+        k = self.model.kernels
+        return k.label("prefill_attention") == "triton" and k.label("paged_attention") == "triton"

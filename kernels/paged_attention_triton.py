@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_tape import launch, note_untaped_work
 from kernels.pdl import launch_options
 from kernels.triton_compat import patch_interpreter
 
@@ -661,9 +662,9 @@ def paged_attention_triton(
               out.stride(0), out.stride(1),
               cfg["partition"])
     fused = False
-    launch = launch_options(pdl)
+    pdl_options = launch_options(pdl)
     if kernel == "allheads":
-        _paged_decode_allheads[(splits, batch)](
+        launch(_paged_decode_allheads, (splits, batch),
             *common, NUM_SPLITS=splits, HQ=hq, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_H=cfg["BLOCK_M"], BLOCK_R=cfg["BLOCK_N"], num_warps=num_warps, num_stages=num_stages)
     else:
@@ -689,7 +690,7 @@ def paged_attention_triton(
         # elsewhere (the interpreter runs no inline PTX, so never `ahead`).
         off32 = (OFF32 and ahead if off32 is None else off32) and hoist and _fits_int32(k_cache) and _fits_int32(v_cache)
         interleave = decode and splits > 1 and (INTERLEAVE_DECODE_SPLITS if interleave is None else interleave)
-        _paged_attn_partial[(splits * hkv, cfg["q_tiles"], batch)](
+        launch(_paged_attn_partial, (splits * hkv, cfg["q_tiles"], batch),
             *common, block_tables.shape[1], cnt if fused else out, cfg["q_tiles"], tm, toff,
             NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -697,7 +698,7 @@ def paged_attention_triton(
             PDL=pdl, HOIST=hoist, ASM_PAGES=loads == "asm", DECODE=decode, NEXT_PAGES=ahead,
             KV_SAME=k_cache.stride() == v_cache.stride(),
             OFF32=off32, INTERLEAVE=interleave,
-            num_warps=num_warps, num_stages=num_stages, **launch)
+            num_warps=num_warps, num_stages=num_stages, **pdl_options)
     if splits > 1 and not fused:
         reduce_partials(out, pm, pl, pacc, query_start_loc, max_query_len, batch, splits, pdl)
     return out
@@ -717,6 +718,8 @@ def split_partials(rows: int, hq: int, splits: int, d: int,
     n = rows * hq * splits
     seg = triton.cdiv(n, 4) * 4
     alloc = torch.full if POISON_SCRATCH else torch.empty
+    if POISON_SCRATCH:
+        note_untaped_work()  # the NaN fill is a kernel a replay would not repeat
     extra = {"fill_value": float("nan")} if POISON_SCRATCH else {}
     scratch = alloc((n * d + 2 * seg,), device=device, dtype=torch.float32, **extra)
     pacc = scratch[:n * d].view(rows, hq, splits, d)
@@ -731,7 +734,7 @@ def reduce_partials(out: torch.Tensor, pm: torch.Tensor, pl: torch.Tensor, pacc:
     """Merge the split partials of `batch` sequences into `out` [T, Hq, D] (the second kernel of a split
     launch)."""
     hq, d = out.shape[1], out.shape[2]
-    _paged_attn_reduce[(max(max_query_len, 1), batch, hq)](
+    launch(_paged_attn_reduce, (max(max_query_len, 1), batch, hq),
         out, pm, pl, pacc, query_start_loc,
         out.stride(0), out.stride(1),
         NUM_SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), HQ=hq, HEAD_DIM=d, PDL=pdl,

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_tape import launch
 from kernels.triton_compat import patch_interpreter
 
 try:  # Triton >= 3.4
@@ -366,9 +367,9 @@ def _launch(impl, q, k, v, out, cu_seqlens, max_seqlen, qk_scale, group, config)
         cfg = dict(config)
         bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
         grid = (hq, batch, triton.cdiv(max_seqlen, bm))
-        kernel[grid](*head, *tail, GROUP=group, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, **cfg)
+        launch(kernel, grid, *head, *tail, GROUP=group, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, **cfg)
     else:
         def grid(meta):
             return (hq, batch, triton.cdiv(max_seqlen, meta["BLOCK_M"]))
 
-        tuned[grid](*head, *tail, GROUP=group, HEAD_DIM=d)
+        launch(tuned, grid, *head, *tail, GROUP=group, HEAD_DIM=d)  # a tape cannot replay an autotuned launch

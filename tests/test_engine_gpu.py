@@ -52,6 +52,32 @@ def test_triton_graphs_and_reference_agree(random_weights, dtype) -> None:
         assert agree > 0.8, f"only {agree:.0%} of tokens before the first divergence"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefill_layers_replaying_attention_launches_change_nothing(random_weights, dtype) -> None:
+    """Piecewise prefill steps in which layers 1.. replay layer 0's attention launches on their own
+    tensors (kernels/launch_tape.py): fresh prompts (FA2; TMA loads in bf16), continuing chunks and
+    decodes beside them (paged, split) give the same greedy tokens and, bitwise, the same KV pool
+    as every layer launching through the wrappers, and the replays really happened."""
+    def run(replay: bool):
+        engine = LLMEngine(EngineConfig(weights="random", device="cuda", dtype=dtype, num_blocks=512,
+                                        max_num_batched_tokens=256, max_model_len=1024, cuda_graphs=True,
+                                        profile_kernels=False, replay_attention_launches=replay), random_weights)
+        rids = [engine.add_request(list(r.prompt_ids), SamplingParams(max_tokens=r.max_tokens, ignore_eos=True),
+                                   arrival_step=i % 5)
+                for i, r in enumerate(mixed_requests(12, seed=5, output_range=(4, 40)))]
+        while engine.has_work():
+            engine.step()
+        return engine, [engine.result(r).token_ids for r in rids]
+
+    replayed, tokens = run(True)
+    launched, want = run(False)
+    assert tokens == want
+    assert torch.equal(replayed.pool.data, launched.pool.data)
+    steps = replayed.counters["forward_passes"]
+    assert replayed.model.piecewise.replayed_layers >= 29 * 3, steps
+    assert launched.model.piecewise.replayed_layers == 0
+
+
 def test_large_decode_batches_agree(random_weights) -> None:
     """64 requests under a 2,048-token bucket: as they finish, decode batches pass through the paged
     kernel's unsplit launch (B >= 55), its two-split launch merged in the kernel (B = 45-54) and

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Wheels for running the app's pages on a GPU machine that cannot reach a package index: Streamlit and
 # Plotly at the versions requirements.txt pins, plus those of their dependencies a CUDA image with
-# PyTorch, pandas, pyarrow, numpy, jinja2 and attrs lacks (about 34 MB in all; with every dependency
-# it would be several times that). Downloaded here, copied there, installed there with
+# PyTorch, pandas, pyarrow, numpy, jinja2 and attrs lacks (about 22 MB in all; with every dependency
+# it would be several times that). Not pydeck (11 MB): no page draws a map, Streamlit imports it only
+# for one, and the device tool carries at most 64 MiB with the working tree (33 MB of it now).
+# Downloaded here, copied there, installed there with
 #
 #   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl
 #   PYTHONPATH=/tmp/site python3 -m pytest -m gpu tests/test_app_gpu.py
@@ -14,7 +16,7 @@ dir="${1:-.whl}"
 py="${2:-3.12}"
 pins=$(grep -E '^(streamlit|plotly)==' requirements.txt | sed 's/[[:space:]].*//')
 # Streamlit's and Altair's dependencies that such an image does not have, at the versions tested together.
-extra="altair==6.3.0 pydeck==0.9.3 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34 websockets==17.4
+extra="altair==6.3.0 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34 websockets==17.4
 itsdangerous==2.2.0 watchdog==7.1.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
 rpds-py==0.30.0"
 # shellcheck disable=SC2086  # the version lists split into arguments on purpose

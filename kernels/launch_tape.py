@@ -99,7 +99,7 @@ class LaunchTape:
     def __init__(self) -> None:
         self.launches: list[_Recorded] = []
         self.replayable = True
-        self._bound: list[tuple[int, list[tuple[int, int]]]] | None = None
+        self._bound: list[list[tuple[int, int, int, bool]]] | None = None  # per launch: (arg, mover, offset, descriptor?)
         self._movers: tuple[tuple[tuple, tuple, torch.dtype, int], ...] = ()
 
     @contextmanager
@@ -149,12 +149,12 @@ class LaunchTape:
         bound = []
         for rec in self.launches:
             moved = []
-            addresses = [(i, rec.values[i]) for i in rec.pointers]
-            addresses += [(i, rec.values[i].base.data_ptr()) for i in rec.descriptors]
-            for i, addr in addresses:
+            addresses = [(i, rec.values[i], False) for i in rec.pointers]
+            addresses += [(i, rec.values[i].base.data_ptr(), True) for i in rec.descriptors]
+            for i, addr, descriptor in addresses:
                 owner = next((m for m, (lo, hi) in enumerate(spans) if lo <= addr < hi), None)
                 if owner is not None:
-                    moved.append((i, owner, addr - spans[owner][0]))
+                    moved.append((i, owner, addr - spans[owner][0], descriptor))
             bound.append(moved)
         self._bound = bound
 
@@ -171,10 +171,9 @@ class LaunchTape:
             bases.append(base)
         for rec, moved in zip(self.launches, self._bound):
             values = list(rec.values)
-            for i, owner, offset in moved:
+            for i, owner, offset, descriptor in moved:
                 address = bases[owner] + offset
                 old = values[i]
-                values[i] = (address if i in rec.pointers
-                             else _Descriptor(_Pointer(address), old.shape, old.strides, old.padding))
+                values[i] = _Descriptor(_Pointer(address), old.shape, old.strides, old.padding) if descriptor else address
             rec.launcher(*rec.grid, rec.stream, rec.function, rec.packed_metadata, None, None, None, *values)
         return True

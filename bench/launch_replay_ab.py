@@ -25,25 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.overlap_host_split import SectionTimer  # noqa: E402
 from bench.results_io import write_results  # noqa: E402
 from bench.throughput import add_engine_options, bench_engine, cuda_workload, run_workload  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-
-
-def time_sync_steps(engine) -> dict[str, float]:
-    """Wrap the engine's synchronous steps (the prefill steps of an overlapped run) with a wall-clock sum."""
-    total = {"seconds": 0.0, "steps": 0}
-    run_step = engine._run_step
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return run_step(*args, **kwargs)
-        finally:
-            total["seconds"] += time.perf_counter() - t0
-            total["steps"] += 1
-    engine._run_step = timed
-    return total
 
 
 def main() -> None:
@@ -61,14 +46,18 @@ def main() -> None:
         args.replay_launches = replay
         engine = bench_engine(weights, reqs, args, cuda_graphs=True, overlap=args.overlap)
         run_workload(engine, reqs)  # untimed: every shape compiled and captured
-        engines[replay], sync[replay] = engine, time_sync_steps(engine)
+        # The synchronous steps: an overlapped run's prefill steps.
+        sync[replay] = SectionTimer()
+        engine._run_step = sync[replay].wrap("sync", engine._run_step)
+        engines[replay] = engine
     passes: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(args.rounds):
         for replay in (True, False):
-            s = sync[replay]
-            s["seconds"], s["steps"] = 0.0, 0
+            timer = sync[replay]
+            timer.reset()
             secs, steps = run_workload(engines[replay], reqs)
-            passes[replay].append(dict(seconds=secs, steps=steps, sync_seconds=s["seconds"], sync_steps=s["steps"]))
+            passes[replay].append(dict(seconds=secs, steps=steps, sync_seconds=timer.seconds["sync"],
+                                       sync_steps=timer.calls["sync"]))
     rows = []
     for replay in (True, False):
         p = passes[replay]

@@ -54,9 +54,12 @@ class PiecewiseGraphRunner:
         self.captured: dict[int, _Captured] = {}
         self.mempool = torch.cuda.graph_pool_handle()
         self.capture_seconds = 0.0
-        # Layers 1.. replay layer 0's attention launches with their own tensors (kernels/launch_tape.py);
-        # off: every layer launches through the kernels' wrappers (what the tape is checked against).
-        self.replay_launches = replay_launches
+        # Layers 1.. replay layer 0's attention launches with their own tensors (kernels/launch_tape.py),
+        # when both attention kernels are ours (a torch reference's ops would not be on the tape); off:
+        # every layer launches through the kernels' wrappers (what the tape is checked against).
+        k = model.kernels
+        self.replay_launches = (replay_launches and k.label("prefill_attention") == "triton"
+                                and k.label("paged_attention") == "triton")
         self._pool_layers = [pool.layer(i) for i in range(len(model.layers))]  # views made once
         self.replayed_layers = 0  # layers whose attention came from a tape (tests and benches read it)
 
@@ -132,7 +135,7 @@ class PiecewiseGraphRunner:
         self.slot_mapping[:t].copy_(batch.slot_mapping)
         self.slot_mapping[t:bucket].fill_(-1)
         m = self.model
-        tape = LaunchTape() if self.replay_launches and self._tapeable() else None
+        tape = LaunchTape() if self.replay_launches else None
         for i, graph in enumerate(cap.graphs):
             graph.replay()
             if i < len(m.layers):
@@ -149,9 +152,3 @@ class PiecewiseGraphRunner:
                 else:
                     m.attention(q[:t], k[:t], v[:t], i, batch, self.pool, out=out)
         return cap.out[:t]
-
-    def _tapeable(self) -> bool:
-        """Attention replays from a tape only when both its kernels are ours (a torch reference's ops
-        would not be on it)."""
-        k = self.model.kernels
-        return k.label("prefill_attention") == "triton" and k.label("paged_attention") == "triton"

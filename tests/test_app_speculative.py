@@ -70,6 +70,18 @@ def test_bench_file_matches_its_own_closed_form() -> None:
     assert len(closed_form_figure(0.8, 4, 0.1, 3.0, 2.0).data) >= 6
 
 
+def test_closed_form_labels_stay_inside_their_panels() -> None:
+    """The α labels end at their lines' last γ, inside the plot (hung off the end they ran into the next
+    panel's y-axis title), and a prompt-lookup c of 9e-05 reads as "< 0.001" in the title."""
+    fig = closed_form_figure(0.75, 4, 9e-5)
+    labels = [a for a in fig.layout.annotations if a.text.startswith("α=")]
+    assert len(labels) == 8 and all(a.x == 10 and a.xanchor == "right" for a in labels)
+    assert fig.layout.xaxis.range[1] < 11 and fig.layout.xaxis2.range[1] < 11
+    titles = [a.text for a in fig.layout.annotations]
+    assert "predicted speedup vs γ (c < 0.001)" in titles
+    assert "predicted speedup vs γ (c = 0.12)" in [a.text for a in closed_form_figure(0.75, 4, 0.12).layout.annotations]
+
+
 # ---- records only --------------------------------------------------------------------------------
 
 def test_rounds_rollback_and_series(random_weights) -> None:  # noqa: ANN001

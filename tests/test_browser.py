@@ -126,6 +126,24 @@ def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
     assert not cut, f"chart text cut off at the chart's edge: {cut}"
 
 
+def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
+    """No two of a chart's texts (title, axis titles, annotations such as subplot titles and line labels, the
+    legend) cover each other: at 1280 pixels the roofline page's "TTFT" and "TPOT" subplot titles ran into one
+    line, and the speculative page's α labels into the next panel's y-axis title."""
+    clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
+        const items = [...ch.querySelectorAll('text.gtitle, text.xtitle, [class^="x"][class$="title"], text.ytitle, '
+                                              + '[class^="y"][class$="title"], g.annotation-text-g, g.legend')]
+            .map(e => [e.textContent.trim(), e.getBoundingClientRect()]).filter(([t, r]) => t && r.width > 0);
+        const out = [];
+        items.forEach(([ta, a], i) => items.slice(i + 1).forEach(([tb, b]) => {
+            const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+            const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+            if (w > 2 && h > 2 && !ta.includes(tb) && !tb.includes(ta)) out.push(ta + ' | ' + tb);
+        }));
+        return out; })""")
+    assert not clashes, f"chart texts overlap: {sorted(set(clashes))}"
+
+
 def plotly_count(pg) -> int:  # noqa: ANN001
     """Charts that actually drew (a Plotly SVG inside the element)."""
     return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
@@ -249,6 +267,7 @@ def test_text_fits_a_projector(server, page) -> None:  # noqa: ANN001
             step(page, 1)
             step(page, 2)
         assert_chart_text_fits(page)
+        assert_chart_text_apart(page)
         assert_buttons_fit(page)
 
 
@@ -262,6 +281,7 @@ def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     step(page, 1)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_chart_text_apart(page)
     for path in ("speculative-decoding", "medusa-eagle", "flashattention"):  # forms with a button in a knob row
         open_page(page, server, path)  # a new session: presentation mode is off again
         page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',

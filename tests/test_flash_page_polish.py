@@ -20,7 +20,7 @@ from app.analysis import flash_compare
 from app.analysis.flash_compare import AttentionMemory, CpuCache, MethodResult, largest_cpu_cache, memory_table
 from app.analysis.flash_qkv import LayerQKV
 from app.charts.axes import index_ticks
-from app.charts.flash_tiles import MIN_SCORE_SPAN, method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.flash_tiles import MIN_SCORE_SPAN, RESCALE_LABELS_MAX_TILES, method_chart, online_softmax_chart, score_matrix, tile_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages/05_flashattention.py")
@@ -142,6 +142,25 @@ def test_online_softmax_chart_readable_with_one_tile() -> None:
     fig = online_softmax_chart(single, *_exact(one, 0, 7))
     lo, hi = fig.layout.yaxis.range
     assert hi - lo >= MIN_SCORE_SPAN and not any(t.name == "tile wholly in this row's future" for t in fig.data)
+
+
+def test_rescale_factors_keep_a_readable_size() -> None:
+    """Plotly shrinks "outside" bar text to the bar's width (6-pixel factors over thin bars): the factors keep
+    their size up to RESCALE_LABELS_MAX_TILES K tiles and are left to the hover beyond; the bars stay clear of
+    the whole-row labels, which sit on a backdrop."""
+    qkv = _qkv(157)
+    for block_n, labelled in ((16, True), (8, False)):  # 10 K tiles, 20 K tiles
+        trace = flash_attention_tiled(qkv.q, qkv.k, qkv.v, qkv.scale, 16, block_n, trace_row=156, trace_head=3)
+        fig = online_softmax_chart(trace, *_exact(qkv, 156, 3))
+        (bars,) = [t for t in fig.data if t.type == "bar"]
+        assert len(bars.x) >= 1  # the row's max grows at least once after its first tile
+        assert (bars.text is not None) == labelled == (len(trace.row_steps) <= RESCALE_LABELS_MAX_TILES)
+        if labelled:
+            assert bars.constraintext == "none" and bars.textfont.size >= 12 and bars.cliponaxis is False
+        whole_row = [a for a in fig.layout.annotations if "whole row" in a.text]
+        assert len(whole_row) == 2 and all(a.bgcolor for a in whole_row)
+        # The factors (at most 1) stay in the lower half, under the whole-row line of l and its label.
+        assert fig.layout.yaxis3.range[1] >= 2 and fig.layout.yaxis2.range[1] < 1.5 * whole_row[1].y
 
 
 def _result(name: str, ms: float) -> MethodResult:

@@ -16,7 +16,7 @@ from engine.weights import cache_dir, find_gguf
 from kernels.ceilings import REFERENCE_CEILINGS, Ceilings, measure_ceilings, memory_capacity
 
 from app.analysis.roofline_math import (above_roof, decode_step, family_points, kernel_points, linear_intensity)
-from app.charts.roofline import place_labels, roofline_chart, step_latency_chart
+from app.charts.roofline import place_labels, request_latency_chart, roofline_chart, step_latency_chart
 from app.formatting import fmt_duration, plural
 from app.scenarios import RequestSpec, Scenario
 from app.sections.roofline import _batch_that_fits, _prefill_caption
@@ -93,6 +93,12 @@ def test_step_times_switch_to_seconds_for_minute_long_prefills(random_weights) -
     slow = dataclasses.replace(rec, wall_seconds=108.5)
     assert step_latency_chart([slow], 0).layout.yaxis.title.text == "seconds"
     assert step_latency_chart([rec], 0).layout.yaxis.title.text == "milliseconds"
+    # The TTFT / TPOT panels carry their units in their titles (no second y-axis title beside the first panel).
+    first = rec.requests[0]
+    slow_first = dataclasses.replace(rec, requests=(dataclasses.replace(first, ttft_seconds=42.0),))
+    titles = [a.text for a in request_latency_chart(slow_first, [first.request_id]).layout.annotations][:2]
+    assert titles[0].startswith("TTFT (s)") and titles[1].startswith("TPOT (ms)")
+    assert request_latency_chart(rec, [first.request_id]).layout.yaxis2.title.text is None
 
 
 def test_roofline_axes_label_powers_of_ten_only(random_weights) -> None:  # noqa: ANN001

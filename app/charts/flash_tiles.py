@@ -68,6 +68,9 @@ def _tile_aspect(trace: FlashTrace) -> float:
 # The running-max panel spans at least this many score units: with one visible tile (or a max that never
 # moves) the span was 0 and Plotly zoomed to a thousandth, labelling the axis -0.3639 ... -0.3642.
 MIN_SCORE_SPAN = 1.0
+# Rescale factors are written over their bars up to this many K tiles: "×0.54" at 12 pixels needs about
+# 30 pixels, a tile's width in a half-width chart at 1280 pixels with 10-16 tiles.
+RESCALE_LABELS_MAX_TILES = 16
 
 
 def future_tiles(trace: FlashTrace) -> list[int]:
@@ -98,9 +101,14 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                     line=dict(color="#0072B2", width=3, shape="hv"), marker=dict(size=dot),
                     customdata=hover, hovertemplate="%{customdata}<br>m = %{y:.3f}<extra></extra>", row=1, col=1)
     grew = [s for s in steps[1:] if s.rescale < 1]
+    # Plotly shrinks "outside" bar text to the bar's width, which left 6-pixel factors over these thin bars:
+    # keep a readable size, and drop the numbers (the hover and the right axis still give them) once the
+    # tiles are too close for them to sit side by side.
+    labelled = len(xs) <= RESCALE_LABELS_MAX_TILES
     fig.add_bar(x=[s.k_tile for s in grew], y=[s.rescale for s in grew], name="rescale exp(m_old − m_new)",
                 marker_color="rgba(213,94,0,0.35)", marker_line=dict(color="#D55E00", width=1.5),
-                text=[f"×{s.rescale:.2g}" for s in grew], textposition="outside", textfont=dict(color="#D55E00"),
+                text=[f"×{s.rescale:.2g}" for s in grew] if labelled else None, textposition="outside",
+                textfont=dict(color="#D55E00", size=12), constraintext="none", cliponaxis=False,
                 hovertemplate="K tile %{x}: the max grew, so l and O were multiplied by %{y:.3f}<extra></extra>",
                 row=2, col=1, secondary_y=True)
     fig.add_scatter(x=xs, y=[s.l for s in steps], mode="lines+markers", name="running sum l",
@@ -121,11 +129,13 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
     fig.update_yaxes(range=[exact_m - 1.1 * span, exact_m + 0.35 * span], row=1, col=1)
     # Annotations without a font size follow the theme (larger in presentation mode), like every other label.
     fig.add_annotation(x=xs[0], y=exact_m, xanchor="left", yanchor="bottom", showarrow=False, row=1, col=1,
-                       text=f"max of the whole row = {exact_m:.3f}", font=dict(color=MUTED))
+                       text=f"max of the whole row = {exact_m:.3f}", font=dict(color=MUTED),
+                       bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=exact_m, line=dict(color=MUTED, dash="dot"), row=1, col=1)
     fig.add_hline(y=exact_l, line=dict(color=MUTED, dash="dot"), row=2, col=1)
     fig.add_annotation(x=xs[0], y=exact_l, xanchor="left", yanchor="bottom", showarrow=False, row=2, col=1,
-                       text=f"Σ exp(s − max) over the whole row = {exact_l:.3f}", font=dict(color=MUTED))
+                       text=f"l of the whole row = {exact_l:.3f}", font=dict(color=MUTED),
+                       bgcolor="rgba(255,255,255,0.85)")
     x_range = [min(xs) - 0.6, max(xs) + 0.6]
     # No zero line: at tile 0 it read as a data line through the first point.
     fig.update_xaxes(title_text="K tile j streamed so far", range=x_range, **index_ticks(len(xs)), zeroline=False,
@@ -134,7 +144,8 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
     fig.update_yaxes(title_text="scaled score", row=1, col=1)
     fig.update_yaxes(title_text="l", range=[0, max([s.l for s in steps] + [exact_l]) * 1.3], row=2, col=1,
                      secondary_y=False)
-    fig.update_yaxes(title_text="rescale", range=[0, 1.3], tickvals=[0, 0.5, 1], row=2, col=1, secondary_y=True,
+    # Factors fill the panel's lower half: up to 1.3 they reached the whole-row line and its label.
+    fig.update_yaxes(title_text="rescale", range=[0, 2.1], tickvals=[0, 0.5, 1], row=2, col=1, secondary_y=True,
                      showgrid=False)
     # Below the plot; app.theme.place_legend pins it to the figure's bottom edge, where Plotly makes room for
     # the up to four lines its entries wrap onto in a half-width column (at a fixed offset under the plot

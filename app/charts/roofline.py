@@ -283,12 +283,15 @@ def step_latency_chart(history: list[StepRecord], selected: int) -> go.Figure:
 def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     """TTFT and TPOT of every request that has them at the selected step."""
     reqs = sorted(record.requests, key=lambda q: order.index(q.request_id) if q.request_id in order else 1e9)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("TTFT: arrival → first token", "TPOT: per later token"))
     ids = [q.request_id for q in reqs]
     ttft_s = [q.ttft_seconds if q.ttft_seconds >= 0 else None for q in reqs]
     tpot_s = [q.tpot_seconds if q.tpot_seconds >= 0 else None for q in reqs]
     (s1, u1), (s2, u2) = (_time_unit([v for v in vals if v is not None]) for vals in (ttft_s, tpot_s))
+    # Two short lines each, the unit in the first: on one line the two titles ran into each other in the page's
+    # right-hand column at a projector's 1280 pixels, and the second panel's y-axis title sat on the first
+    # panel's bars.
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=(f"TTFT ({u1})<br>to the first token", f"TPOT ({u2})<br>per later token"))
     ttft = [v * s1 if v is not None else None for v in ttft_s]
     tpot = [v * s2 if v is not None else None for v in tpot_s]
     fig.add_bar(x=ids, y=ttft, marker_color=PHASE_COLORS["prefill"], name="TTFT", row=1, col=1,
@@ -301,9 +304,8 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
                 hovertemplate="%{x}: %{text} per token (%{customdata} generated)<extra></extra>")
     top1 = max([v for v in ttft if v is not None] + [1])
     top2 = max([v for v in tpot if v is not None] + [1])
-    names = {"s": "seconds", "ms": "milliseconds"}
-    fig.update_yaxes(title_text=names[u1], range=[0, top1 * 1.25], row=1, col=1)
-    fig.update_yaxes(title_text=names[u2], range=[0, top2 * 1.25], row=1, col=2)
+    fig.update_yaxes(range=[0, top1 * 1.25], row=1, col=1)
+    fig.update_yaxes(range=[0, top2 * 1.25], row=1, col=2)
     if not any(v is not None for v in tpot):
         fig.add_annotation(x=0.5, y=0.5, xref="x2 domain", yref="y2 domain", showarrow=False,
                            text="needs two tokens:<br>step once more", font=dict(color=MUTED, size=13))

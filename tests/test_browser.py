@@ -128,11 +128,13 @@ def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
 
 def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
     """No two of a chart's texts (title, axis titles, annotations such as subplot titles and line labels, the
-    legend) cover each other: at 1280 pixels the roofline page's "TTFT" and "TPOT" subplot titles ran into one
-    line, and the speculative page's α labels into the next panel's y-axis title."""
+    legend, bar values, text drawn at points such as tree node labels) cover each other: at 1280 pixels the
+    roofline page's "TTFT" and "TPOT" subplot titles ran into one line, the speculative page's α labels into
+    the next panel's y-axis title, and sibling radix-tree labels into each other."""
     clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
         const items = [...ch.querySelectorAll('text.gtitle, text.xtitle, [class^="x"][class$="title"], text.ytitle, '
-                                              + '[class^="y"][class$="title"], g.annotation-text-g, g.legend')]
+                                              + '[class^="y"][class$="title"], g.annotation-text-g, g.legend, '
+                                              + 'text.bartext, .scatterlayer text')]
             .map(e => [e.textContent.trim(), e.getBoundingClientRect()]).filter(([t, r]) => t && r.width > 0);
         const out = [];
         items.forEach(([ta, a], i) => items.slice(i + 1).forEach(([tb, b]) => {

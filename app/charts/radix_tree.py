@@ -73,24 +73,36 @@ def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, 
     return "#F3F4F6", edge, "dash", 2.5 if edge == TOUCHED else 1.8
 
 
-def label_chars(leaves: int, crowding: float = 1.0) -> int:
-    """Characters one label line may hold: a box is ~0.9 of a leaf's slot, and ~136 characters of
-    TREE_LABEL_PX text span the chart of a 1600 px page. `crowding` > 1 when the text renders larger or the
-    chart narrower than that (presentation mode on a 1280 px projector)."""
-    return max(8, min(36, int(136 / (leaves * crowding))))
+# Measured in Chromium on a 1280-pixel page with the sidebar open, the narrowest the app is laid out for: the
+# tree's plot area is 740 pixels wide and token text at TREE_LABEL_PX takes up to 6 pixels a character, so
+# ~123 characters span it. Presentation mode's larger text (17 px) gets the sidebar's width too: 1,100
+# pixels, ~140 characters, so a line that fits the normal page fits there as well.
+CHARS_ACROSS = 123
+MIN_SLOTS = 3.5  # the x range never spans fewer leaf slots, so a young tree's boxes stay box-sized
+
+
+def tree_slots(leaves: int) -> float:
+    """Leaf slots the x range spans: the leaves' unit slots plus 0.55 beyond the outer boxes' centres."""
+    return max(leaves + 0.1, MIN_SLOTS)
+
+
+def label_chars(leaves: int) -> int:
+    """Characters one label line may hold: a box is 0.9 of a slot, less the quote mark or ellipsis each
+    line of token text gets. (Counting the leaves alone, not the 3.5-slot minimum, let a two-leaf tree's
+    lines run past their boxes and into each other at 1280 pixels.)"""
+    return max(8, min(36, int(0.9 * CHARS_ACROSS / tree_slots(leaves)) - 2))
 
 
 def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], step: int,
-                      decode: Callable[[list[int]], str] | None = None, crowding: float = 1.0) -> go.Figure:
-    """`decode` (the tokenizer's) labels evicted nodes with their text; the snapshot has none for them.
-    `crowding`: see `label_chars`."""
+                      decode: Callable[[list[int]], str] | None = None) -> go.Figure:
+    """`decode` (the tokenizer's) labels evicted nodes with their text; the snapshot has none for them."""
     g = tree_graph(snapshot)
     root = snapshot["nodes"][0]["id"]
     pos = tidy_layout(g, root)
     leaves = max(sum(1 for n in g if g.out_degree(n) == 0), 1)
     depth = -min((y for _, y in pos.values()), default=0)
-    limit = label_chars(leaves, crowding)
-    facts_width = max(limit, int(22 / crowding))  # "3 blk = 24 tok" and "last used at step 12" stay whole
+    limit = label_chars(leaves)
+    facts_width = max(limit, 22)  # "3 blk = 24 tok" and "last used at step 12" stay whole
     bs = snapshot["block_size"]
     fig = go.Figure()
     ex, ey = [], []
@@ -148,8 +160,8 @@ def radix_tree_figure(snapshot: dict[str, Any], owners: dict[int, list[str]], st
         title += f" · {evicted} evicted this step"
     fig.update_layout(title=title, showlegend=True, hovermode="closest")
     xs_all = [x for x, _ in pos.values()]
-    # At least ~3.5 slots wide, so a young tree's one or two boxes do not stretch across the page.
-    mid, half = (min(xs_all) + max(xs_all)) / 2, max((max(xs_all) - min(xs_all)) / 2 + 0.55, 1.75)
+    # At least MIN_SLOTS wide, so a young tree's one or two boxes do not stretch across the page.
+    mid, half = (min(xs_all) + max(xs_all)) / 2, tree_slots(leaves) / 2
     fig.update_xaxes(visible=False, range=[mid - half, mid + half])
     fig.update_yaxes(visible=False, range=[-depth - 0.5, 0.5])
     # The root's label must be readable on its dark fill (same node order as the loop above).

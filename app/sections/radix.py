@@ -11,8 +11,7 @@ from app.charts.radix_tree import cache_compare_figure, cache_series_figure, rad
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec
 from app.session import EngineSession
-from app.presentation import presentation_on
-from app.theme import chart_font_scale, show_figure
+from app.theme import show_figure
 from app.widgets.comparison import comparison_runner
 from app.widgets.explain import explanation
 from app.widgets.request_table import request_state_table
@@ -73,9 +72,7 @@ def tree_section(session: EngineSession, record: StepRecord) -> None:
     if notes:
         st.markdown("  \n".join(notes))
     owners = lock_owners(record)
-    # Presentation mode: larger text on a chart ~10 % narrower (a 1280 px projector, no sidebar).
-    crowding = chart_font_scale() * 1.1 if presentation_on() else 1.0
-    fig = radix_tree_figure(snap, owners, record.step, session.weights.tokenizer.decode, crowding=crowding)
+    fig = radix_tree_figure(snap, owners, record.step, session.weights.tokenizer.decode)
     show_figure(fig, key="radix-tree", height=tree_height(snap))
     st.caption("Node label: its tokens' text, start … end (<s> / </s> = ChatML's im_start / im_end, ⏎ = "
                "newline) · blocks and tokens · locks (running requests whose path goes through it) · step of its "

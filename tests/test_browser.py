@@ -127,17 +127,22 @@ def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
 
 
 def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
-    """No two of a chart's texts (title, axis titles, annotations such as subplot titles and line labels, the
-    legend, bar values, text drawn at points such as tree node labels) cover each other: at 1280 pixels the
-    roofline page's "TTFT" and "TPOT" subplot titles ran into one line, the speculative page's α labels into
-    the next panel's y-axis title, and sibling radix-tree labels into each other."""
+    """No two of a chart's texts (title, axis titles, tick labels, annotations such as subplot titles and line
+    labels, the legend, bar values, text drawn at points such as tree node labels) cover each other: at 1280
+    pixels the roofline page's "TTFT" and "TPOT" subplot titles ran into one line, the speculative page's α
+    labels into the next panel's y-axis title, sibling radix-tree labels into each other, the tree mask's 25
+    column labels into one string, and the chunked page's shared y-axis title onto the strips' tick labels.
+    Tick labels of two different axes may touch where the axes meet (the x and y "0" at the origin)."""
     clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
         const items = [...ch.querySelectorAll('text.gtitle, text.xtitle, [class^="x"][class$="title"], text.ytitle, '
                                               + '[class^="y"][class$="title"], g.annotation-text-g, g.legend, '
-                                              + 'text.bartext, .scatterlayer text')]
-            .map(e => [e.textContent.trim(), e.getBoundingClientRect()]).filter(([t, r]) => t && r.width > 0);
+                                              + 'text.bartext, .scatterlayer text, [class$="tick"] > text')]
+            .map(e => [e.textContent.trim(), e.getBoundingClientRect(),
+                       /tick$/.test(e.parentNode.getAttribute('class') || '') ? e.parentNode.getAttribute('class') : ''])
+            .filter(([t, r]) => t && r.width > 0);
         const out = [];
-        items.forEach(([ta, a], i) => items.slice(i + 1).forEach(([tb, b]) => {
+        items.forEach(([ta, a, axa], i) => items.slice(i + 1).forEach(([tb, b, axb]) => {
+            if (axa && axb && axa !== axb) return;
             const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
             const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
             if (w > 2 && h > 2 && !ta.includes(tb) && !tb.includes(ta)) out.push(ta + ' | ' + tb);

@@ -47,6 +47,11 @@ def test_one_strip_per_request_in_session_order(runs) -> None:  # noqa: ANN001
     assert all(f"<b>{r}</b>" in labels for r in ids)
     assert gap_figure_height(len(ids) + 1) > gap_figure_height(len(ids))
     assert fig.layout.height == gap_figure_height(len(ids))  # the section shows it at its own height
+    # The shared y-axis title hangs a fixed distance left of the plot (at a fraction of its width it sat on
+    # the tick labels of a narrow chart), inside the left margin.
+    (y_title,) = [a for a in fig.layout.annotations if a.text == "ms since the previous token"]
+    assert (y_title.x, y_title.xanchor, y_title.xref) == (0, "right", "paper") and y_title.xshift <= -36
+    assert fig.layout.margin.l >= -y_title.xshift + 20
 
 
 def test_bands_cover_exactly_the_steps_with_a_prompt_chunk(runs) -> None:  # noqa: ANN001

@@ -13,6 +13,9 @@ from app.charts.axes import step_ticks
 from app.charts.colors import tint
 from app.theme import MUTED, STATUS_COLORS, request_color
 
+# Tick labels of up to four digits ("1000" ms at 15 px) and their standoff fit in this gap.
+Y_TITLE_GAP_PX = 40
+
 PREFILL = STATUS_COLORS["prefill"]
 DECODE = STATUS_COLORS["decode"]
 PREFILL_BAND = tint(PREFILL, 0.22)
@@ -129,8 +132,11 @@ def _shared_y(fig: go.Figure, gaps: list[TokenGap]) -> None:
 
 
 def _y_title(fig: go.Figure) -> None:
-    fig.add_annotation(text="ms since the previous token", textangle=-90, x=-0.055, y=0.5, xref="paper",
-                       yref="paper", showarrow=False, font=dict(size=14))
+    """One y-axis title for all strips, a fixed number of pixels left of the plot: placed at a fraction of
+    the plot's width, it sat on the strips' tick labels ("500") in a narrower chart."""
+    fig.add_annotation(text="ms since the previous token", textangle=-90, x=0, xanchor="right",
+                       xshift=-Y_TITLE_GAP_PX, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14))
 
 
 def token_gap_figure(records, order: list[str], selected_time: float | None = None) -> go.Figure:  # noqa: ANN001

@@ -114,9 +114,11 @@ def tree_mask_figure(r: dict[str, Any]) -> go.Figure:
                       "2 visible, accepted path</extra>"))
     ticks = [("root" if i == 0 else f"n{i - 1}") for i in range(len(labels))]
     step = 1 if len(labels) <= 26 else 4
+    # Column labels stand upright once there are more than a dozen: side by side, 25 of them ("n10", "n11", ...)
+    # ran into one string over the 11-pixel columns of a half-width chart at 1280 pixels.
     fig.update_xaxes(title="key row (context: visible to all)", side="top",
-                     tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step], tickangle=0,
-                     tickfont=dict(size=10))
+                     tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step],
+                     tickangle=-90 if len(labels) > 12 else 0, tickfont=dict(size=10))
     fig.update_yaxes(title="query row", autorange="reversed", tickvals=list(range(0, len(labels), step)),
                      ticktext=ticks[::step], tickfont=dict(size=10))
     fig.update_layout(title=dict(text=f"Tree attention mask: {len(labels)} rows",  # short: a half-width column

@@ -119,7 +119,11 @@ def test_compare_drafters_greedy_matches_plain(random_weights) -> None:  # noqa:
         assert dict(runs[k].texts) == plain  # greedy speculation emits exactly plain greedy's tokens
     assert speedup_vs_plain(runs, "plain") == pytest.approx(1.0)
     assert runs["plain"].tokens_per_pass == pytest.approx(1.0)
-    assert len(compare_figure(runs).data) == 3  # one bar trace per panel
+    fig = compare_figure(runs)
+    assert len(fig.data) == 3  # one bar trace per panel
+    # A row per drafter, named once on the shared y axis (slanted column names ran into the next panel's).
+    assert all(t.orientation == "h" and list(t.y) == [runs[k].label for k in runs] for t in fig.data)
+    assert fig.layout.yaxis2.matches == "y" and fig.layout.yaxis3.matches == "y"
 
 
 # ---- the page ------------------------------------------------------------------------------------

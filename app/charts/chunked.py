@@ -113,8 +113,10 @@ def _strip_label(fig: go.Figure, rid: str, order: list[str], row: int, col: int)
 def _worst_label(fig: go.Figure, worst: TokenGap | None, ids: list[str], col: int, text: str) -> None:
     if worst is None or worst.request_id not in ids:
         return
-    fig.add_annotation(x=worst.time_s, y=worst.gap_s * 1e3, text=text, showarrow=True, arrowhead=2, ax=45, ay=-18,
-                       bgcolor="rgba(255,255,255,0.85)", row=ids.index(worst.request_id) + 1, col=col)
+    # Level with its point and to the right: the worst stall is the highest point of all the strips, and a label
+    # raised above it left the strip and touched the column title over the first strip.
+    fig.add_annotation(x=worst.time_s, y=worst.gap_s * 1e3, text=text, showarrow=True, arrowhead=2, ax=45, ay=-4,
+                       xanchor="left", bgcolor="rgba(255,255,255,0.85)", row=ids.index(worst.request_id) + 1, col=col)
 
 
 def _legend_keys(fig: go.Figure) -> None:

@@ -62,8 +62,14 @@ def bytes_vs_tokens(records: list[StepRecord], bytes_per_token: int) -> go.Figur
         hovertemplate="step %{customdata}: %{x} tokens → %{y:.2f} MiB<extra></extra>",
     )
     if records:
-        fig.add_annotation(x=toks[-1], y=toks[-1] * bytes_per_token / MIB, text=f"step {records[-1].step}",
-                           showarrow=True, arrowhead=2, ax=-40, ay=-30)
+        # The label sits on the side with room: hung up and left of a point near the origin (the last step
+        # after every request finished, or was preempted, and gave its blocks back) it ran off the chart.
+        on_left = toks[-1] > top / 2
+        freed = toks[-1] == 0 and top > 1
+        fig.add_annotation(x=toks[-1], y=toks[-1] * bytes_per_token / MIB,
+                           text=f"step {records[-1].step}" + (": every block freed" if freed else ""),
+                           showarrow=True, arrowhead=2, ax=-40 if on_left else 40, ay=-30,
+                           xanchor="right" if on_left else "left")
     fig.update_layout(title=dict(text="Bytes vs tokens", subtitle=dict(text=f"slope = {bytes_per_token / 1024:.1f} KiB per token")),
                       xaxis_title="tokens in the cache", yaxis_title="MiB of K and V", showlegend=False)
     fig.update_xaxes(rangemode="tozero")

@@ -300,25 +300,27 @@ def bench_figure(bench: dict) -> go.Figure:
 
 
 def compare_figure(runs: dict[str, DrafterRun]) -> go.Figure:
+    """A row per drafter, a panel per measure, the drafters named once on the shared y axis: as upright
+    columns their names ("distilled draft model, γ = 4") slanted under the next panel's names at 1280 pixels."""
     keys = list(runs)
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+    fig = make_subplots(rows=1, cols=3, shared_yaxes=True, horizontal_spacing=0.05,
                         subplot_titles=["α (acceptance)", "tokens per target pass", "measured speedup vs plain"])
     names = [runs[k].label for k in keys]
     colors = [RUN_COLORS[k] for k in keys]
     alphas = [runs[k].alpha if k != "plain" else None for k in keys]
     tpp = [runs[k].tokens_per_pass for k in keys]
     sp = [speedup_vs_plain(runs, k) for k in keys]
-    for col, ys, fmt in ((1, alphas, "{:.2f}"), (2, tpp, "{:.2f}"), (3, sp, "{:.2f}×")):
-        fig.add_bar(x=names, y=[y if y is not None else 0 for y in ys], marker_color=colors, showlegend=False,
-                    text=[fmt.format(y) if y is not None else "–" for y in ys], textposition="outside",
-                    row=1, col=col, hovertemplate="%{x}: %{text}<extra></extra>")
-    fig.update_yaxes(range=[0, 1.15], row=1, col=1)
-    fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(rangemode="tozero", row=1, col=3)
-    top2 = max([t for t in tpp if t] + [1.0]) * 1.2
-    top3 = max([s for s in sp if s] + [1.0]) * 1.2
-    fig.update_yaxes(range=[0, top2], row=1, col=2)
-    fig.update_yaxes(range=[0, top3], row=1, col=3)
-    fig.add_hline(y=1.0, line=dict(color=MUTED, dash="dot", width=1), row=1, col=3)
+    for col, xs, fmt in ((1, alphas, "{:.2f}"), (2, tpp, "{:.2f}"), (3, sp, "{:.2f}×")):
+        fig.add_bar(y=names, x=[x if x is not None else 0 for x in xs], orientation="h", marker_color=colors,
+                    showlegend=False, text=[fmt.format(x) if x is not None else "–" for x in xs],
+                    textposition="outside", constraintext="none", cliponaxis=False,
+                    row=1, col=col, hovertemplate="%{y}: %{text}<extra></extra>")
+    top2 = max([t for t in tpp if t] + [1.0]) * 1.3
+    top3 = max([s for s in sp if s] + [1.0]) * 1.3
+    fig.update_xaxes(range=[0, 1.3], row=1, col=1)
+    fig.update_xaxes(range=[0, top2], row=1, col=2)
+    fig.update_xaxes(range=[0, top3], row=1, col=3)
+    fig.update_yaxes(autorange="reversed")  # the first drafter (plain decoding) on top
+    fig.add_vline(x=1.0, line=dict(color=MUTED, dash="dot", width=1), row=1, col=3)
     fig.update_layout(margin=dict(t=70), bargap=0.35)
     return fig

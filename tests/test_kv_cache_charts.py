@@ -1,0 +1,31 @@
+"""The KV cache page's "Bytes vs tokens" chart: every step on the formula's line, and the label of the
+latest step on the side of its point that has room."""
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+from app.charts.kv_cache import MIB, bytes_vs_tokens
+
+
+def test_latest_step_label_stays_on_the_chart(random_weights) -> None:  # noqa: ANN001
+    engine = LLMEngine(EngineConfig(num_blocks=16, max_model_len=128), random_weights)
+    engine.add_request(list(range(100, 130)), SamplingParams(max_tokens=4, ignore_eos=True))
+    records = []
+    while engine.has_work():
+        records.append(engine.step())
+    per_token = 2 * 30 * 3 * 64 * 4  # K and V, 30 layers, 3 KV heads of 64, fp32
+    toks = [r.pool.filled_tokens for r in records]
+    assert toks[-2] > 0 and toks[-1] == 0  # the last step finished the request and gave its blocks back
+
+    growing = bytes_vs_tokens(records[:-1], per_token)
+    (label,) = growing.layout.annotations
+    assert label.text == f"step {records[-2].step}" and label.ax < 0 and label.xanchor == "right"
+    assert label.y == toks[-2] * per_token / MIB  # on the formula's line
+
+    freed = bytes_vs_tokens(records, per_token)
+    (label,) = freed.layout.annotations
+    # At the origin: pointing right, into the chart (up and left it ran off over the y axis).
+    assert (label.x, label.ax, label.xanchor) == (0, 40, "left")
+    assert label.text == f"step {records[-1].step}: every block freed"

@@ -226,6 +226,7 @@ def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001
     click_button(page, "Measure both ways")
     page.wait_for_selector('[data-testid="stMetric"]:has-text("Speed-up from the cache")')
     assert_clean(page)
+    assert_chart_text_apart(page)
     shoot(page, "01_kv_cache_measured")
 
 
@@ -235,6 +236,7 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     click_button(page, "Run both policies")
     page.wait_for_selector('[data-testid="stMetric"]:has-text("continuous: throughput")')
     assert_clean(page)
+    assert_chart_text_apart(page)
     assert plotly_count(page) >= 6
     shoot(page, "04_continuous_batching_compared")
 

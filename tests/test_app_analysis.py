@@ -2,7 +2,11 @@
 (random weights: the same code path and shapes as the real model, no GGUF needed)."""
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.analysis.cache_timing import measure_cache_vs_recompute
 from app.analysis.kv_math import attention_variants, kv_bytes_per_token, kv_cache_bytes
@@ -88,3 +92,12 @@ def test_step_ticks_are_integers(n: int) -> None:
     from app.charts.axes import step_ticks
     ticks = step_ticks(n)
     assert isinstance(ticks["dtick"], int) and ticks["dtick"] >= 1
+
+
+@given(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False))
+def test_nice_at_least_is_the_next_one_two_five(x: float) -> None:
+    from app.charts.axes import nice_at_least
+    n = nice_at_least(x)
+    mantissa = n / 10 ** math.floor(math.log10(n) + 1e-9)
+    assert n >= x * (1 - 1e-9) and round(mantissa, 6) in (1, 2, 5)
+    assert n < 2.5 * x * (1 + 1e-9)  # never more than one 1-2-5 step above

@@ -42,6 +42,11 @@ def test_one_strip_per_request_in_session_order(runs) -> None:  # noqa: ANN001
     top = max(g.gap_s for g in gaps) * 1e3
     (lo, hi), = ranges
     assert lo == 0 and hi > top
+    # Two or three round ticks, none above the highest point (one at a strip's top edge met the "0" of the
+    # strip above).
+    ticks = list(fig.layout.yaxis.tickvals)
+    assert ticks[0] == 0 and 2 <= len(ticks) <= 3 and ticks[-1] <= top
+    assert all(t == ticks[1] * i for i, t in enumerate(ticks))
     # The strip labels name the requests; the height grows with the number of strips.
     labels = [a.text for a in fig.layout.annotations]
     assert all(f"<b>{r}</b>" in labels for r in ids)
@@ -102,3 +107,4 @@ def test_no_gaps_yet_says_so(runs) -> None:  # noqa: ANN001
     records = list(runs["chunked"].records)[:1]
     fig = token_gap_figure(records, ORDER)
     assert any("no request has two tokens yet" in a.text for a in fig.layout.annotations)
+

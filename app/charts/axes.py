@@ -31,6 +31,12 @@ def _next_nice(step: int) -> int:
     return (2 if lead == 1 else 5 if lead == 2 else 10) * digits
 
 
+def nice_at_least(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k that is at least x (> 0)."""
+    base = 10.0 ** math.floor(math.log10(x))
+    return next(m * base for m in (1, 2, 5, 10) if m * base >= x * (1 - 1e-12))
+
+
 def log_axis(si: bool = False) -> dict:
     """Log-axis settings that read on a projector: one labelled tick per power of ten (Plotly's
     default also labels the 2s and 5s between them, so a '5' left of '1' means 0.5), unlabelled

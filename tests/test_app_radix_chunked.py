@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.analysis.chunked import compare_chunking, step_splits, token_gaps, unchunked_budget, worst_stall
 from app.analysis.radix import cache_series, compare_prefix_cache, tidy_layout, tree_graph
-from app.charts.radix_tree import BOX_W, radix_tree_figure
+from app.charts.radix_tree import BOX_W, CHAR_PX, PLOT_PX_1280, radix_tree_figure
 from app.scenario_library import CHUNKED_PREFILL, RADIX_PREFIX_CACHE, chatml
 from app.scenarios import scenario_from_json
 from app.session import EngineSession
@@ -69,7 +69,6 @@ def test_few_shot_hits_and_tree_layout(random_weights) -> None:  # noqa: ANN001
     assert len(set(xs)) == len(xs)
     fig = radix_tree_figure(snap, {}, s.records[-1].step)
     assert len(fig.layout.shapes) == g.number_of_nodes()
-    leaves = sum(1 for n in g if g.out_degree(n) == 0)
     _assert_labels_fit(fig)
     # The young tree of the second step (two leaves on a range of at least 3.5 slots): its lines ran past
     # their boxes and into each other at 1280 pixels when the line length counted the leaves alone.
@@ -82,14 +81,9 @@ def _leaves(snapshot: dict) -> int:
     return sum(1 for n in g if g.out_degree(n) == 0)
 
 
-# What app.charts.radix_tree measured in Chromium at 1280 pixels: the tree's plot area and the widest
-# characters of 13 px token text.
-PLOT_PX_1280, CHAR_PX = 740, 6.0
-
-
 def _assert_labels_fit(fig) -> None:  # noqa: ANN001
-    """Node labels at 13 px, and each line of token text inside its box on a 1280-pixel page: a box is 0.9
-    of the x range's slots. Fact lines ("3 blk = 24 tok", "last used at step 12") may take 22 characters."""
+    """Node labels at 13 px, and each line of token text inside its box on a 1280-pixel page (the plot width
+    and character width app.charts.radix_tree measured in Chromium): a box is 0.9 of the x range's slots. Fact lines ("3 blk = 24 tok", "last used at step 12") may take 22 characters."""
     labels = next(t for t in fig.data if t.mode == "markers+text")
     assert labels.textfont.size == 13
     lo, hi = fig.layout.xaxis.range

@@ -79,7 +79,8 @@ def test_closed_form_labels_stay_inside_their_panels() -> None:
     assert fig.layout.xaxis.range[1] < 11 and fig.layout.xaxis2.range[1] < 11
     titles = [a.text for a in fig.layout.annotations]
     assert "predicted speedup vs γ (c < 0.001)" in titles
-    assert "predicted speedup vs γ (c = 0.12)" in [a.text for a in closed_form_figure(0.75, 4, 0.12).layout.annotations]
+    costly = closed_form_figure(0.75, 4, 0.12)
+    assert "predicted speedup vs γ (c = 0.12)" in [a.text for a in costly.layout.annotations]
 
 
 # ---- records only --------------------------------------------------------------------------------

@@ -60,8 +60,10 @@ def test_tree_graph_mask_and_sentence() -> None:
     assert list(g.predecessors(FINAL)) == [3]  # the bonus hangs under the last accepted node
     assert g.nodes[3]["status"] == "accepted" and g.nodes[4]["status"] == "unreached"
     assert mask_labels(r)[0].startswith("root") and len(mask_labels(r)) == 6
-    z = tree_mask_figure(r).data[0].z
-    assert tree_mask_figure(r).layout.xaxis.tickangle == 0  # 6 columns: labels side by side
+    mask = tree_mask_figure(r)
+    z = mask.data[0].z
+    assert z[4][1] == 2 and z[4][0] == 2 and z[5][2] == 1 and z[5][1] == 0  # path rows green; n4 sees n1 only
+    assert mask.layout.xaxis.tickangle == 0  # 6 columns: labels side by side
     wide = _round()
     n = 24  # the EAGLE scenario's tree: its 25 column labels ran into one string side by side
     wide["tree"] = {"token_ids": list(range(20, 20 + n)), "texts": [f"t{i}" for i in range(n)],
@@ -70,7 +72,6 @@ def test_tree_graph_mask_and_sentence() -> None:
     wide["accepted_path"], wide["num_accepted"] = [0], 1
     wide_mask = tree_mask_figure(wide)
     assert len(wide_mask.data[0].z) == n + 1 and wide_mask.layout.xaxis.tickangle == -90
-    assert z[4][1] == 2 and z[4][0] == 2 and z[5][2] == 1 and z[5][1] == 0  # path rows green; n4 sees n1 only
     assert "5 nodes" in round_sentence(r) and "3 tokens" in round_sentence(r)
     fig = draft_tree_figure(r)
     assert {t.name for t in fig.data if t.name} >= {"accepted (on the kept path)", "checked and rejected"}

@@ -134,9 +134,9 @@ def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
     column labels into one string, and the chunked page's shared y-axis title onto the strips' tick labels.
     Tick labels of two different axes may touch where the axes meet (the x and y "0" at the origin)."""
     clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
-        const items = [...ch.querySelectorAll('text.gtitle, text.xtitle, [class^="x"][class$="title"], text.ytitle, '
-                                              + '[class^="y"][class$="title"], g.annotation-text-g, g.legend, '
-                                              + 'text.bartext, .scatterlayer text, [class$="tick"] > text')]
+        const items = [...ch.querySelectorAll('text.gtitle, [class^="x"][class$="title"], [class^="y"][class$="title"], '
+                                              + 'g.annotation-text-g, g.legend, text.bartext, .scatterlayer text, '
+                                              + '[class$="tick"] > text')]
             .map(e => [e.textContent.trim(), e.getBoundingClientRect(),
                        /tick$/.test(e.parentNode.getAttribute('class') || '') ? e.parentNode.getAttribute('class') : ''])
             .filter(([t, r]) => t && r.width > 0);

@@ -107,4 +107,3 @@ def test_no_gaps_yet_says_so(runs) -> None:  # noqa: ANN001
     records = list(runs["chunked"].records)[:1]
     fig = token_gap_figure(records, ORDER)
     assert any("no request has two tokens yet" in a.text for a in fig.layout.annotations)
-

@@ -20,7 +20,8 @@ from app.analysis import flash_compare
 from app.analysis.flash_compare import AttentionMemory, CpuCache, MethodResult, largest_cpu_cache, memory_table
 from app.analysis.flash_qkv import LayerQKV
 from app.charts.axes import index_ticks
-from app.charts.flash_tiles import MIN_SCORE_SPAN, RESCALE_LABELS_MAX_TILES, method_chart, online_softmax_chart, score_matrix, tile_grid
+from app.charts.flash_tiles import (MIN_SCORE_SPAN, RESCALE_LABELS_MAX_TILES, method_chart, online_softmax_chart,
+                                   score_matrix, tile_grid)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages/05_flashattention.py")

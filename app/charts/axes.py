@@ -18,17 +18,8 @@ def index_ticks(count: int, max_labels: int = 10) -> dict:
     `max_labels` labels, never rotated. Plotly's own ticks put 0.5 steps (or -0.4 ... 0.4 around a single
     cell) on axes of things that only come in whole numbers, and labelled all 20 tiles of a half-width grid
     sideways."""
-    step = 1
-    while count > step * max_labels:
-        step = _next_nice(step)
+    step = 1 if count <= max_labels else int(nice_at_least(count / max_labels))
     return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickangle": 0}
-
-
-def _next_nice(step: int) -> int:
-    """1 -> 2 -> 5 -> 10 -> 20 -> 50 -> ..."""
-    digits = 10 ** (len(str(step)) - 1)
-    lead = step // digits
-    return (2 if lead == 1 else 5 if lead == 2 else 10) * digits
 
 
 def nice_at_least(x: float) -> float:

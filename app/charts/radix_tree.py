@@ -77,7 +77,8 @@ def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, 
 # tree's plot area is 740 pixels wide and token text at TREE_LABEL_PX takes up to 6 pixels a character, so
 # ~123 characters span it. Presentation mode's larger text (17 px) gets the sidebar's width too: 1,100
 # pixels, ~140 characters, so a line that fits the normal page fits there as well.
-CHARS_ACROSS = 123
+PLOT_PX_1280, CHAR_PX = 740, 6.0
+CHARS_ACROSS = int(PLOT_PX_1280 / CHAR_PX)
 MIN_SLOTS = 3.5  # the x range never spans fewer leaf slots, so a young tree's boxes stay box-sized
 
 

@@ -101,3 +101,12 @@ def test_nice_at_least_is_the_next_one_two_five(x: float) -> None:
     mantissa = n / 10 ** math.floor(math.log10(n) + 1e-9)
     assert n >= x * (1 - 1e-9) and round(mantissa, 6) in (1, 2, 5)
     assert n < 2.5 * x * (1 + 1e-9)  # never more than one 1-2-5 step above
+
+
+@given(st.floats(min_value=1e-2, max_value=1e6, allow_nan=False))
+def test_ticks_up_to_are_two_or_three_round_ones_below_the_top(top: float) -> None:
+    """A worst stall of 464 ms once got the single tick 0 (a step of 500)."""
+    from app.charts.axes import nice_at_least, ticks_up_to
+    ticks = ticks_up_to(top)
+    assert ticks[0] == 0 and 2 <= len(ticks) <= 3 and ticks[-1] <= top
+    assert nice_at_least(ticks[1]) == ticks[1] and all(t == ticks[1] * i for i, t in enumerate(ticks))

@@ -28,6 +28,15 @@ def nice_at_least(x: float) -> float:
     return next(m * base for m in (1, 2, 5, 10) if m * base >= x * (1 - 1e-12))
 
 
+def ticks_up_to(top: float) -> list[float]:
+    """Two or three round ticks from 0 (a 1-2-5 step), none above `top` (> 0): for the strips of a
+    shared-axis chart, whose top tick would otherwise meet the "0" of the strip above."""
+    step = nice_at_least(top / 2)
+    if step > top:  # 464: a step of 500 would leave the 0 alone; the 1-2-5 value below it is 200
+        step = nice_at_least(step / 2.5)
+    return [i * step for i in range(int(top // step) + 1)]
+
+
 def log_axis(si: bool = False) -> dict:
     """Log-axis settings that read on a projector: one labelled tick per power of ten (Plotly's
     default also labels the 2s and 5s between them, so a '5' left of '1' means 0.5), unlabelled

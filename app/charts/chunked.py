@@ -9,7 +9,7 @@ from engine.trace import StepRecord
 
 from app.analysis.chunked import ChunkRun, StepSplit, TokenGap, step_splits, token_gaps, worst_stall
 from app.analysis.trace_metrics import cumulative_clock
-from app.charts.axes import nice_at_least, step_ticks
+from app.charts.axes import step_ticks, ticks_up_to
 from app.charts.colors import tint
 from app.theme import MUTED, STATUS_COLORS, request_color
 
@@ -131,8 +131,7 @@ def _shared_y(fig: go.Figure, gaps: list[TokenGap]) -> None:
     """One y range for every strip, with room above the highest point for its label, and ticks no higher
     than that point: Plotly's own put a "400" at a strip's top edge, against the "0" of the strip above."""
     top = max((g.gap_s * 1e3 for g in gaps), default=1.0)
-    step = nice_at_least(top / 2)
-    fig.update_yaxes(range=[0, top * 1.35], tickvals=[i * step for i in range(int(top // step) + 1)])
+    fig.update_yaxes(range=[0, top * 1.35], tickvals=ticks_up_to(top))
 
 
 def _y_title(fig: go.Figure) -> None:

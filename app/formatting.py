@@ -2,6 +2,8 @@
 their noun in the right number."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def fmt_duration(seconds: float) -> str:
     """'12 µs', '0.45 ms', '38 ms', '1.9 s', '1 min 48 s': three significant figures at most, never
@@ -21,3 +23,17 @@ def fmt_duration(seconds: float) -> str:
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 token', '2 tokens' (pass `many` for irregular plurals)."""
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
+
+
+def fmt_block_ids(blocks: Sequence[int]) -> str:
+    """Block ids with runs of consecutive ids shortened: '9–27', '6, 7, 0', '3–5, 12' (a 19-block table
+    written out in full pushed every other column of its table off a projector)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(blocks):
+        j = i
+        while j + 1 < len(blocks) and blocks[j + 1] == blocks[j] + 1:
+            j += 1
+        parts.append(f"{blocks[i]}–{blocks[j]}" if j - i >= 2 else ", ".join(str(b) for b in blocks[i:j + 1]))
+        i = j + 1
+    return ", ".join(parts)

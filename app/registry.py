@@ -75,7 +75,10 @@ PAGES: tuple[PageSpec, ...] = (
              "every branch: the tree step by step, its mask, τ over time, tree size vs cost, Medusa vs EAGLE.",
              ":material/park:", "pages/08_medusa_eagle.py", "medusa-eagle"),
     PageSpec("Disaggregated prefill/decode", "Serving",
-             "Separate prefill and decode pools with a KV handoff.", ":material/swap_horiz:"),
+             "A prefill worker and a decode worker with their own KV pools: the prompt's KV blocks handed over "
+             "through shared memory, both workers on one time axis, and colocated vs chunked vs disaggregated "
+             "measured on the same requests.",
+             ":material/swap_horiz:", "pages/10_disaggregated.py", "disaggregated-prefill-decode"),
 )
 
 

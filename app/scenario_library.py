@@ -327,3 +327,38 @@ TREE_SPEC: list[Scenario] = [
                               request_id="letter-T0.7"),),
     ),
 ]
+
+# ---- Disaggregated prefill/decode (pages/10) ---------------------------------------------------------
+
+_DISAGG_ENGINE = {"block_size": 16, "num_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 512}
+
+DISAGGREGATED: list[Scenario] = [
+    Scenario(
+        name="Three chats decoding, a ~300-token prompt arrives",
+        description="Three short chats are decoding when a long summarisation prompt arrives at step 4. The "
+                    "prefill worker computes it while the decode worker keeps the chats going; then its KV moves.",
+        engine=_DISAGG_ENGINE,
+        requests=_SHORT_CHATS + (RequestSpec(_LONG_NOTES, max_tokens=8, arrival_step=4, ignore_eos=True,
+                                             request_id="long"),),
+    ),
+    Scenario(
+        name="Two long prompts back to back",
+        description="Two long prompts arrive one step apart while chats decode: the second waits for the prefill "
+                    "worker (its TTFT grows), the decode worker's iterations stay even.",
+        engine=_DISAGG_ENGINE,
+        requests=_SHORT_CHATS[:2] + (
+            RequestSpec(_LONG_NOTES, max_tokens=8, arrival_step=3, ignore_eos=True, request_id="long1"),
+            RequestSpec(_LONG_NOTES.replace("two sentences", "one sentence"), max_tokens=8, arrival_step=4,
+                        ignore_eos=True, request_id="long2")),
+    ),
+    Scenario(
+        name="A small decode pool: handoffs wait for room",
+        description="Each worker has 8 blocks of 16 tokens and every chat needs 3: the decode worker holds two at "
+                    "a time, so the other handoffs wait in shared memory until a chat finishes and frees its blocks.",
+        engine={"block_size": 16, "num_blocks": 8, "max_model_len": 128, "max_num_batched_tokens": 256},
+        requests=tuple(RequestSpec(p, max_tokens=k, ignore_eos=True, request_id=f"chat{i + 1}")
+                       for i, (p, k) in enumerate((("Tell me a fun fact about octopuses.", 8), ("Why do cats purr?", 6),
+                                                   ("Give me a tip for learning to cook.", 8),
+                                                   ("Name a famous bridge.", 5), ("What is a prime number?", 7)))),
+    ),
+]

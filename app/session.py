@@ -9,9 +9,11 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
+from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
@@ -33,15 +35,19 @@ class EngineSession:
     weights: LoadedWeights
     server: dict[str, str]
     engine: LLMEngine | None = None
-    records: list[StepRecord] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)  # or the factory's records (ClusterStepRecord)
     errors: list[SessionError] = field(default_factory=list)
     request_order: list[str] = field(default_factory=list)  # labels in the order they were added
     specs: dict[str, RequestSpec] = field(default_factory=dict)  # label -> the spec it came from
     built_seconds: float = 0.0
+    # What `reset` builds from the scenario's config: an LLMEngine, or anything with its add_request /
+    # step / has_work / step_index (the disaggregated page's two-worker engine, whose records are ticks).
+    engine_factory: Callable[[EngineConfig, LoadedWeights], Any] = LLMEngine
 
     @classmethod
-    def create(cls, scenario: Scenario, weights: LoadedWeights, server: dict[str, str]) -> "EngineSession":
-        s = cls(scenario=scenario, weights=weights, server=server)
+    def create(cls, scenario: Scenario, weights: LoadedWeights, server: dict[str, str],
+               engine_factory: Callable[[EngineConfig, LoadedWeights], Any] = LLMEngine) -> "EngineSession":
+        s = cls(scenario=scenario, weights=weights, server=server, engine_factory=engine_factory)
         s.reset()
         return s
 
@@ -52,7 +58,7 @@ class EngineSession:
         scenario = scenario or self.scenario
         t0 = time.perf_counter()
         try:
-            engine = LLMEngine(scenario.engine_config(**self.server), self.weights)
+            engine = self.engine_factory(scenario.engine_config(**self.server), self.weights)
         except ValueError as e:
             self.errors.append(SessionError(f"Engine settings rejected: {e}"))
             return False

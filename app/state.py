@@ -5,7 +5,7 @@ session_state is per browser tab, so two students never share an engine.
 """
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import streamlit as st
 
@@ -20,11 +20,13 @@ def session_key(page: str) -> str:
     return f"engine-session:{page}"
 
 
-def get_session(page: str, default: Scenario) -> EngineSession:
+def get_session(page: str, default: Scenario, engine_factory: Callable[..., Any] | None = None) -> EngineSession:
+    """`engine_factory`: what the session builds (default `LLMEngine`; see `EngineSession.engine_factory`)."""
     key = session_key(page)
     session = st.session_state.get(key)
     if session is None:
-        session = EngineSession.create(default, shared_weights(), server_engine_settings())
+        extra = {} if engine_factory is None else {"engine_factory": engine_factory}
+        session = EngineSession.create(default, shared_weights(), server_engine_settings(), **extra)
         st.session_state[key] = session
     return session
 

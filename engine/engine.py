@@ -110,6 +110,9 @@ class LLMEngine:
         self._request_ids: set[str] = set()
         self._memory: tuple[int, MemorySplit] | None = None  # (step measured, split): light records
         self._ready_records: collections.deque[StepRecord] = collections.deque()
+        # Called with (sequence, finish reason) while the finished sequence still owns its blocks: a
+        # prefill worker reads the prompt's KV here to hand it to a decode worker (engine/disaggregated).
+        self.on_finish: Callable[[Sequence, str], None] | None = None
         self.overlap = None
         if config.overlap_decode:
             from engine.overlap import DecodePipeline
@@ -130,12 +133,8 @@ class LLMEngine:
             return list(prompt)
         raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
 
-    def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),
-                    arrival_step: int | None = None, request_id: str | None = None,
-                    spec_gamma: int | None = None) -> str:
-        """Queue a request; raises ValueError naming the offending field and leaves the engine as it was.
-        `spec_gamma`: drafted tokens per speculative round for this request (None: the engine's
-        `spec_gamma`; 0: no speculation); needs `EngineConfig.spec_drafter`."""
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """The prompt's token ids if this engine can serve the request; else ValueError naming the field."""
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if isinstance(prompt, str) and not prompt.strip():
@@ -157,6 +156,15 @@ class LLMEngine:
         if not cfg.chunked_prefill and len(ids) + params.max_tokens > cfg.max_num_batched_tokens:
             raise ValueError(f"prompt ({len(ids)} tokens) cannot be prefilled in one step: chunked prefill is "
                              f"off and max_num_batched_tokens={cfg.max_num_batched_tokens}")
+        return ids
+
+    def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),
+                    arrival_step: int | None = None, request_id: str | None = None,
+                    spec_gamma: int | None = None) -> str:
+        """Queue a request; raises ValueError naming the offending field and leaves the engine as it was.
+        `spec_gamma`: drafted tokens per speculative round for this request (None: the engine's
+        `spec_gamma`; 0: no speculation); needs `EngineConfig.spec_drafter`."""
+        ids = self.check_request(prompt, params)
         arrival = self.step_index if arrival_step is None else int(arrival_step)
         if arrival < 0:
             raise ValueError(f"arrival_step must be >= 0, got {arrival_step}")
@@ -182,6 +190,45 @@ class LLMEngine:
                 self._awaiting_arrival.append(seq)
         self._request_ids.add(rid)
         return rid
+
+    def can_adopt(self, prompt_len: int) -> bool:
+        """Whether `adopt_prefilled` would take a prefilled prompt of this length now."""
+        bm = self.block_manager
+        return (len(self.scheduler.running) < self.config.max_num_seqs
+                and bm.blocks_for(prompt_len + 1) <= bm.available_blocks())
+
+    def adopt_prefilled(self, request_id: str, token_ids: list[int], prompt_len: int, params: SamplingParams,
+                        fill: Callable[[list[int]], None], generator_state: torch.Tensor | None = None
+                        ) -> list[int] | None:
+        """Take over a request whose prompt another engine prefilled (disaggregated serving): blocks for
+        the prompt are allocated in this pool and `fill(blocks)` writes its KV into them (a transport's
+        `receive_into`); the request then joins the running batch as a decode. `token_ids` is the prompt
+        plus the token(s) the other engine sampled. Returns this pool's block ids, or None with nothing
+        changed when there is no room now (max_num_seqs running, or too few free blocks for the prompt
+        and one more token)."""
+        if request_id in self._request_ids:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if not self.can_adopt(prompt_len):
+            return None
+        bm = self.block_manager
+        seq = Sequence(request_id, list(token_ids), prompt_len, params, self.step_index, next(self._orders))
+        seq.make_generator()
+        if generator_state is not None and seq.generator is not None:
+            seq.generator.set_state(generator_state)  # sampling goes on exactly where the other engine left it
+        bm.create(seq.seq_id)
+        bm.append_slots(seq.seq_id, prompt_len)
+        blocks = list(bm.tables[seq.seq_id])
+        fill(blocks)
+        seq.num_computed_tokens = prompt_len
+        seq.status = SeqStatus.RUNNING
+        seq.first_token_step, seq.first_token_time = self.step_index, self.clock
+        seq.token_times.append(self.clock)
+        self._arrival_clock[request_id] = self.clock
+        self.sequences.append(seq)
+        self._unfinished.add(seq.seq_id)
+        self._request_ids.add(request_id)
+        self.scheduler.running.append(seq)
+        return blocks
 
     def abort(self, request_id: str) -> None:
         for seq in self.sequences:
@@ -392,6 +439,8 @@ class LLMEngine:
         while seq.token_ids and seq.token_ids[-1] == PENDING:  # overlapped decode ran one step ahead
             seq.token_ids.pop()
         seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
+        if self.on_finish is not None and seq.seq_id in self.block_manager.tables:
+            self.on_finish(seq, reason)
         prefix_cache = self.scheduler.prefix_cache
         if prefix_cache is not None and seq.seq_id in self.block_manager.tables:
             prefix_cache.on_finish(seq)

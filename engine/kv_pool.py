@@ -54,6 +54,26 @@ class KVPool:
         dst = torch.tensor([c.dst for c in copies], device=self.data.device)
         self.data[:, :, dst] = self.data[:, :, src]
 
+    def blocks_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """The shape `read_blocks` gives for that many blocks: [layers, 2, num_blocks, *block shape]."""
+        return (*self.data.shape[:2], num_blocks, *self.data.shape[3:])
+
+    def read_blocks(self, blocks: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """A copy of whole blocks, every layer, K and V, in this pool's layout (what a KV handoff ships;
+        `write_blocks` puts it into another pool). `out`: a contiguous tensor of `blocks_shape` to gather
+        into (a shared-memory segment), so the blocks are copied once."""
+        idx = torch.tensor(blocks, device=self.data.device)
+        if out is None:
+            return torch.index_select(self.data, 2, idx)
+        return torch.index_select(self.data, 2, idx, out=out)
+
+    def write_blocks(self, blocks: list[int], kv: torch.Tensor) -> None:
+        """Fill `blocks` from `read_blocks` output of a pool with the same layout, dtype and block size."""
+        if tuple(kv.shape) != self.blocks_shape(len(blocks)):
+            raise ValueError(f"KV blocks of shape {tuple(kv.shape)} do not fit this pool "
+                             f"(wants {self.blocks_shape(len(blocks))})")
+        self.data[:, :, torch.tensor(blocks, device=self.data.device)] = kv.to(self.data.device, self.data.dtype)
+
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
         """Move single token slots (every layer, K and V): a tree round keeps its accepted path by
         compacting the path's KV into the slots right after the context."""

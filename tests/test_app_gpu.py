@@ -36,6 +36,12 @@ def test_home_says_triton_on_the_gpu(gpu_app: AppTest) -> None:
     assert "torch reference path on the CPU" not in text
 
 
+def _worker_records(record):  # noqa: ANN001, ANN202 - a StepRecord, or a disaggregated tick of them
+    if hasattr(record, "kernels"):
+        return [record]
+    return [s.record for s in (*record.prefill_steps, record.decode_step) if s is not None and s.record.batch]
+
+
 @pytest.mark.parametrize("page_file", list(ENGINE_PAGES))
 def test_engine_page_steps_on_triton_kernels(gpu_app: AppTest, page_file: str) -> None:
     """The page steps its live engine on the GPU; each step's record names the Triton backend and
@@ -49,8 +55,9 @@ def test_engine_page_steps_on_triton_kernels(gpu_app: AppTest, page_file: str) -
         assert_clean(at)
     session = session_of(at, prefix)
     assert session.engine.device.type == "cuda"
-    records = session.records
-    assert [r.step for r in records] == list(range(STEPS))
+    assert [r.step for r in session.records] == list(range(STEPS))
+    records = [w for r in session.records for w in _worker_records(r)]
+    assert records
     for r in records:
         assert r.backend == f"Triton kernels on {torch.cuda.get_device_name()}", r.backend
         attention = [k for k in r.kernels if "attention" in k.name]

@@ -120,7 +120,8 @@ def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
     cut = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
         const svg = ch.querySelector('svg.main-svg'); if (!svg) return [];
         const box = svg.getBoundingClientRect();
-        return [...ch.querySelectorAll('text.gtitle, text.xtitle, text.ytitle, g.annotation-text-g text, .legendtext')]
+        return [...ch.querySelectorAll('text.gtitle, text.gtitle-subtitle, text.xtitle, text.ytitle, '
+                                       + 'g.annotation-text-g text, .legendtext')]
             .filter(t => { const r = t.getBoundingClientRect(); return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1); })
             .map(t => t.textContent); })""")
     assert not cut, f"chart text cut off at the chart's edge: {cut}"
@@ -134,7 +135,8 @@ def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
     column labels into one string, and the chunked page's shared y-axis title onto the strips' tick labels.
     Tick labels of two different axes may touch where the axes meet (the x and y "0" at the origin)."""
     clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
-        const items = [...ch.querySelectorAll('text.gtitle, [class^="x"][class$="title"], [class^="y"][class$="title"], '
+        const items = [...ch.querySelectorAll('text.gtitle, text.gtitle-subtitle, [class^="x"][class$="title"], '
+                                              + '[class^="y"][class$="title"], '
                                               + 'g.annotation-text-g, g.legend, text.bartext, .scatterlayer text, '
                                               + '[class$="tick"] > text')]
             .map(e => [e.textContent.trim(), e.getBoundingClientRect(),
@@ -189,6 +191,7 @@ ENGINE_PAGES = [
     ("chunked-prefill", "09_chunked_prefill", 3),
     ("speculative-decoding", "07_speculative_decoding", 4),
     ("medusa-eagle", "08_medusa_eagle", 3),
+    ("disaggregated-prefill-decode", "10_disaggregated", 4),
 ]
 
 
@@ -239,6 +242,24 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert plotly_count(page) >= 6
     shoot(page, "04_continuous_batching_compared")
+
+
+def test_disaggregated_compare(server, page) -> None:  # noqa: ANN001
+    """Run to the end, then the three ways of serving: the charts draw, their text stays apart at a
+    projector's width, and the tokens are the same all three ways."""
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    open_page(page, server, "disaggregated-prefill-decode")
+    click_button(page, "Run to end")
+    click_button(page, "Run three ways")
+    same = page.locator('[data-testid="stMetric"]:has-text("Same tokens all three ways") [data-testid="stMetricValue"]')
+    same.first.wait_for()
+    assert same.first.inner_text() == "yes"
+    assert_clean(page)
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert plotly_count(page) >= 6
+    shoot(page, "10_disaggregated_compared")
 
 
 def test_flashattention_page(server, page) -> None:  # noqa: ANN001

@@ -11,8 +11,9 @@ from app.formatting import fmt_duration, plural
 from app.theme import show_figure
 
 
-def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = False) -> None:
-    with st.expander(":material/timer: Kernel timings for the selected step", expanded=expanded):
+def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = False,
+                        title: str = "Kernel timings for the selected step") -> None:
+    with st.expander(f":material/timer: {title}", expanded=expanded):
         if record is None or not record.kernels:
             st.caption("No kernels ran yet: step the engine first.")
             return

@@ -1,0 +1,85 @@
+"""The disaggregated prefill/decode page under AppTest (random weights, CPU): it steps the two-worker
+engine, scrubs back, runs the three-way comparison (same tokens every way), and keeps its records
+through bad input."""
+from __future__ import annotations
+
+import json
+
+from streamlit.testing.v1 import AppTest
+
+from engine.disaggregated import ClusterStepRecord
+from tests.apptest_helpers import assert_clean, open_page, random_app, session_of, upload_scenario  # noqa: F401
+
+PAGE, PREFIX = "10_disaggregated.py", "disagg"
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_page_steps_scrubs_and_resets(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    for _ in range(6):
+        at.button(key=f"{PREFIX}-btn-step").click().run()
+        assert_clean(at)
+    session = session_of(at, PREFIX)
+    assert [r.step for r in session.records] == list(range(6))
+    assert all(isinstance(r, ClusterStepRecord) for r in session.records)
+    metrics = _metrics(at)
+    assert metrics["Decoding"] == "3" and metrics["Prefill on decode"] == "0" and metrics["KV in flight"] == "0"
+    # The timeline, both pools and the first-moments chart.
+    assert len(at.get("plotly_chart")) >= 4
+    text = " ".join(m.value for m in at.markdown)
+    assert "decode worker: step" in text
+    at.slider(key=f"{PREFIX}-scrub").set_value(0).run()
+    assert_clean(at)
+    assert len(session.records) == 6
+    at.button(key=f"{PREFIX}-btn-reset").click().run()
+    assert_clean(at)
+    assert session_of(at, PREFIX).records == []
+
+
+def test_three_ways_give_the_same_tokens(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    at.button(key=f"{PREFIX}-btn-end").click().run()
+    assert_clean(at)
+    at.button(key="disagg-compare").click().run()
+    assert_clean(at)
+    metrics = _metrics(at)
+    assert metrics["Same tokens all three ways"] == "yes"
+    assert {"Worst stall: colocated", "Worst stall: chunked", "Worst stall: disaggregated"} <= set(metrics)
+    assert len(at.get("plotly_chart")) >= 6  # + the time-between-tokens panels and the TTFT bars
+
+
+def test_bad_input_is_a_message_and_keeps_the_records(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    at.button(key=f"{PREFIX}-btn-step").click().run()
+    at.number_input(key=f"{PREFIX}-live-n").set_value(2)
+    at.button(key=f"FormSubmitter:{PREFIX}-live-form-Add (arrives at step 1)").click().run()
+    assert not at.exception
+    assert any("n must be 1" in e.value for e in at.error)
+    assert len(session_of(at, PREFIX).records) == 1
+    # A scenario with speculative decoding is refused by the two-worker engine; the old one keeps running.
+    bad = {"name": "spec", "engine": {"spec_drafter": "ngram"}, "requests": [{"prompt": "Hi", "max_tokens": 3}]}
+    upload_scenario(at, PREFIX, json.dumps(bad).encode(), "spec.json")
+    assert not at.exception
+    assert any("speculative decoding" in e.value for e in at.error)
+    assert len(session_of(at, PREFIX).records) == 1
+    at.button(key=f"{PREFIX}-btn-step").click().run()
+    assert len(session_of(at, PREFIX).records) == 2
+
+
+def test_small_decode_pool_scenario_shows_handoffs_waiting(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    at.selectbox(key=f"{PREFIX}-pick").set_value("A small decode pool: handoffs wait for room").run()
+    assert_clean(at)
+    at.button(key=f"{PREFIX}-btn-end").click().run()
+    assert_clean(at)
+    records = session_of(at, PREFIX).records
+    assert max(len(r.in_flight) for r in records) >= 2
+    waited = [h.taken_at - h.sent_at for r in records for h in r.taken]
+    assert len(waited) == 5 and max(waited) > 0
+    assert all(q.stage == "finished" for q in records[-1].requests)
+    # They waited for room, not for a recompute: the decode worker never preempted one.
+    assert session_of(at, PREFIX).engine.decode.counters["prefill_tokens_computed"] == 0

@@ -208,6 +208,8 @@ class LLMEngine:
         and one more token)."""
         if request_id in self._request_ids:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.scheduler.prefix_cache is not None or self.speculator is not None:
+            raise ValueError("adopt_prefilled needs an engine without a prefix cache or a drafter (a decode worker)")
         if not self.can_adopt(prompt_len):
             return None
         bm = self.block_manager
@@ -218,7 +220,11 @@ class LLMEngine:
         bm.create(seq.seq_id)
         bm.append_slots(seq.seq_id, prompt_len)
         blocks = list(bm.tables[seq.seq_id])
-        fill(blocks)
+        try:
+            fill(blocks)
+        except BaseException:
+            bm.free(seq.seq_id)  # nothing adopted: the blocks go back
+            raise
         seq.num_computed_tokens = prompt_len
         seq.status = SeqStatus.RUNNING
         seq.first_token_step, seq.first_token_time = self.step_index, self.clock

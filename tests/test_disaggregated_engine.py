@@ -259,3 +259,17 @@ def test_a_prefill_still_running_at_the_tick_is_not_seen_yet(random_weights) -> 
         assert all(h.request_id != "late" for h in t.taken)
     taken = next(h for h in cluster.handoffs if h.request_id == "late")
     assert taken.sent_at == pytest.approx(end) and taken.taken_at >= end
+
+
+def test_a_failed_fill_adopts_nothing(random_weights) -> None:  # noqa: ANN001
+    engine = LLMEngine(dataclasses.replace(CFG, weights="random"), random_weights)
+
+    def broken(blocks):  # noqa: ANN001, ANN202
+        raise ValueError("KV blocks of shape (1,) do not fit this pool")
+
+    with pytest.raises(ValueError, match="do not fit"):
+        engine.adopt_prefilled("x", [1, 2, 3, 4], 3, SamplingParams(max_tokens=4), broken)
+    assert engine.block_manager.num_free_blocks == CFG.num_blocks and not engine.has_work()
+    cached = LLMEngine(dataclasses.replace(CFG, weights="random", enable_prefix_cache=True), random_weights)
+    with pytest.raises(ValueError, match="prefix cache"):
+        cached.adopt_prefilled("x", [1, 2, 3, 4], 3, SamplingParams(max_tokens=4), lambda blocks: None)

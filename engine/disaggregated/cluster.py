@@ -213,8 +213,11 @@ class DisaggregatedEngine:
         P = self.prefill
         blocks = P.block_manager.tables[seq.seq_id][: P.block_manager.blocks_for(seq.prompt_len)]
         parcel = self.transport.send(P.pool, blocks)
-        handoff = KVHandoff(seq.request_id, seq.prompt_len, seq.token_ids[-1], tuple(blocks), (), parcel.nbytes,
-                            parcel.send_seconds, 0.0, -1.0, -1.0, -1, -1, self.transport.name)
+        # sent_at / sent_tick are filled in when the step ends (its wall time includes this copy).
+        handoff = KVHandoff(request_id=seq.request_id, prompt_len=seq.prompt_len, first_token=seq.token_ids[-1],
+                            src_blocks=tuple(blocks), dst_blocks=(), nbytes=parcel.nbytes,
+                            send_seconds=parcel.send_seconds, receive_seconds=0.0, sent_at=-1.0, taken_at=-1.0,
+                            sent_tick=-1, taken_tick=-1, transport=self.transport.name)
         state = seq.generator.get_state() if seq.generator is not None else None
         self._sent_now.append(_InFlight(handoff, parcel, list(seq.token_ids), state))
 

@@ -8,6 +8,7 @@ Uses the real model unless INFERSCOPE_WEIGHTS is set. Run: pytest -m browser tes
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Iterator
@@ -127,14 +128,14 @@ def assert_chart_text_fits(pg) -> None:  # noqa: ANN001
     assert not cut, f"chart text cut off at the chart's edge: {cut}"
 
 
-def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
+def assert_chart_text_apart(pg, charts: str = "[data-testid=stPlotlyChart]") -> None:  # noqa: ANN001
     """No two of a chart's texts (title, axis titles, tick labels, annotations such as subplot titles and line
     labels, the legend, bar values, text drawn at points such as tree node labels) cover each other: at 1280
     pixels the roofline page's "TTFT" and "TPOT" subplot titles ran into one line, the speculative page's α
     labels into the next panel's y-axis title, sibling radix-tree labels into each other, the tree mask's 25
     column labels into one string, and the chunked page's shared y-axis title onto the strips' tick labels.
     Tick labels of two different axes may touch where the axes meet (the x and y "0" at the origin)."""
-    clashes = pg.evaluate("""() => [...document.querySelectorAll('[data-testid=stPlotlyChart]')].flatMap(ch => {
+    clashes = pg.evaluate("""charts => [...document.querySelectorAll(charts)].flatMap(ch => {
         const items = [...ch.querySelectorAll('text.gtitle, text.gtitle-subtitle, [class^="x"][class$="title"], '
                                               + '[class^="y"][class$="title"], '
                                               + 'g.annotation-text-g, g.legend, text.bartext, .scatterlayer text, '
@@ -149,7 +150,7 @@ def assert_chart_text_apart(pg) -> None:  # noqa: ANN001
             const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
             if (w > 2 && h > 2 && !ta.includes(tb) && !tb.includes(ta)) out.push(ta + ' | ' + tb);
         }));
-        return out; })""")
+        return out; })""", charts)
     assert not clashes, f"chart texts overlap: {sorted(set(clashes))}"
 
 
@@ -167,6 +168,67 @@ def shoot(pg, name: str) -> Path:  # noqa: ANN001
     pg.screenshot(path=str(path), full_page=True)
     pg.set_viewport_size(VIEWPORT)
     return path
+
+
+def _plotly_page(pg, width: int, height: int) -> None:  # noqa: ANN001
+    """A blank page with plotly.js and the app's font (Source Sans, which Streamlit serves), and an empty
+    chart of the given size: `_draw` puts figures in it without a Streamlit server."""
+    import base64
+    import glob
+
+    import plotly
+    import streamlit
+
+    js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    font = glob.glob(str(Path(streamlit.__file__).parent / "static" / "static" / "media" / "SourceSansVF-Upright*.woff2"))
+    face = (f"@font-face {{ font-family: 'Source Sans'; src: url(data:font/woff2;base64,"
+            f"{base64.b64encode(Path(font[0]).read_bytes()).decode()}) format('woff2'); }}") if font else ""
+    html = ARTIFACTS / "plotly_page.html"
+    html.write_text(f"<html><head><style>{face}</style><script src='{js.as_uri()}'></script></head>"
+                    f"<body><div class='chart' id='chart' style='width:{width}px;height:{height}px'></div></body></html>")
+    pg.goto(html.as_uri())
+    pg.wait_for_function("() => typeof Plotly !== 'undefined'")
+    pg.evaluate("() => document.fonts.ready")
+
+
+def _draw(pg, fig) -> None:  # noqa: ANN001 - a page from _plotly_page, a plotly Figure
+    pg.evaluate("f => Plotly.newPlot('chart', f.data, f.layout)", json.loads(fig.to_json()))
+    pg.wait_for_timeout(50)
+
+
+def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_weights) -> None:  # noqa: ANN001
+    """The roofline's labels are placed from the measured ceilings, which move with the machine and its load: one
+    CI run measured π = 82.7 GFLOP/s, and the summed "linear layers" label ran into the compute roof's label at
+    1280 pixels (its boxes were estimated for a 780-pixel plot; the plot is 509 there). The chart for a sweep of
+    ceilings, with a prefill step and a decode step of the real shapes selected in turn, drawn at its size in a
+    1280-pixel window: no two texts overlap."""
+    from app.analysis.roofline_math import family_points, kernel_points, phase_points
+    from app.charts.roofline import roofline_chart
+    from app.theme import TEMPLATE
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from kernels.ceilings import Ceilings
+
+    engine = LLMEngine(EngineConfig(num_blocks=32, max_model_len=256, weights="random"), random_weights)
+    engine.add_request("Explain in two sentences why a KV cache makes decoding faster.", SamplingParams(max_tokens=3))
+    records = [engine.step() for _ in range(3)]
+    steps = [family_points(kernel_points(r)) for r in records]
+    ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+    pg = ctx.new_page()
+    _plotly_page(pg, 820, 560)  # the chart's size on the page at 1280 pixels, sidebar open
+    try:
+        for flops in (2e10, 8.27e10, 3e11, 2e12):
+            for bandwidth in (5e9, 2e10, 8e10):
+                c = Ceilings(flops, bandwidth, "a sweep", "float32")
+                for i, now in enumerate(steps[:2]):
+                    others = phase_points([p for j, s in enumerate(steps) if j != i for p in s])
+                    fig = roofline_chart(c, now, others, "Step on the roofline")
+                    fig.update_layout(template=TEMPLATE, width=820, height=560)
+                    _draw(pg, fig)
+                    assert_chart_text_apart(pg, ".chart")
+    finally:
+        ctx.close()
 
 
 def test_home(server, page) -> None:  # noqa: ANN001

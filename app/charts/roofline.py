@@ -47,30 +47,44 @@ _LEFT = ("middle left", "top left", "bottom left", "middle right", "top right", 
 
 Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in log10 data units
 
+# The roofline's plot area at its narrowest, measured in Chromium: 509 x 422 px in a 1280-pixel window with the
+# sidebar open (823 px at 1600; presentation mode at 1280 is wider, with fonts 1.33x, so narrower per character).
+# Label boxes are estimated for this size: estimated for 780 px, a label that fitted at 1600 px ran into the
+# compute roof's label at 1280 once the measured π put them near each other.
+PLOT_PX = (509.0, 422.0)
+
 
 def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[float, float],
-                 y_span: tuple[float, float], width_px: float = 780, height_px: float = 430,
+                 y_span: tuple[float, float], width_px: float = PLOT_PX[0], height_px: float = PLOT_PX[1],
                  obstacles: list[Box] = ()) -> list[str]:
     """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other,
-    the markers and `obstacles` (the roof's own labels, the ridge marker): greedy, in log space, with
-    box sizes estimated from the font. A label that finds no free place gets "" (no text; the hover
+    the markers and `obstacles` (the roof's own labels, the ridge marker) and stay inside the plot: greedy, in
+    log space, with box sizes estimated from the font. A label that finds no free place gets "" (no text; the hover
     still names the point): overlapping text is worse on a projector than a point without a label."""
     dx, dy = _decades_per_px(x_span, y_span, width_px, height_px)
     marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
               for x, y, _, _ in items]
     placed: list[Box] = list(obstacles)
+    inside = (math.log10(x_span[0]), math.log10(x_span[1]), math.log10(y_span[0]), math.log10(y_span[1]))
     out = []
     for i, (x, y, text, right) in enumerate(items):
         lx, ly = math.log10(x), math.log10(y)
-        w, h, gap = len(text) * 6.2 * dx, 13 * dy, 9 * dx
+        w, h, gap = len(text) * 6.2 * dx, 15 * dy, 9 * dx  # 11-pixel text: a line is 15 px high
         best, best_hits, best_box = "", None, None
         for pos in (_RIGHT if right else _LEFT):
             vert, horiz = pos.split()
             x0 = lx + gap if horiz == "right" else lx - gap - w
             y0 = {"middle": ly - h / 2, "top": ly + 0.2 * h, "bottom": ly - 1.2 * h}[vert]
             box = (x0, x0 + w, y0, y0 + h)
-            hits = sum(1 for o in placed + [m for j, m in enumerate(marker) if j != i]
-                       if box[0] < o[1] and o[0] < box[1] and box[2] < o[3] and o[2] < box[3])
+            # 3 px to spare between texts: Plotly offsets text from a marker by its radius, which the estimate
+            # does not model, and two labels 2 px into each other read as one. Markers are boxes of their own.
+            px, py = 3 * dx, 3 * dy
+            hits = sum(1 for o in placed
+                       if box[0] - px < o[1] and o[0] < box[1] + px and box[2] - py < o[3] and o[2] < box[3] + py)
+            hits += sum(1 for j, o in enumerate(marker) if j != i
+                        and box[0] < o[1] and o[0] < box[1] and box[2] < o[3] and o[2] < box[3])
+            # Past the plot's edge a label lands on the axis' tick labels ("linear layers" on "10G").
+            hits += not (inside[0] <= box[0] and box[1] <= inside[1] and inside[2] <= box[2] and box[3] <= inside[3])
             if best_hits is None or hits < best_hits:
                 best, best_hits, best_box = pos, hits, box
             if hits == 0:
@@ -83,17 +97,18 @@ def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[floa
     return out
 
 
-def _decades_per_px(x_span: tuple[float, float], y_span: tuple[float, float], width_px: float = 780,
-                    height_px: float = 430) -> tuple[float, float]:
+def _decades_per_px(x_span: tuple[float, float], y_span: tuple[float, float], width_px: float = PLOT_PX[0],
+                    height_px: float = PLOT_PX[1]) -> tuple[float, float]:
     """How many decades of each log axis one pixel of a plot of about that size spans."""
     return ((math.log10(x_span[1]) - math.log10(x_span[0])) / width_px,
             (math.log10(y_span[1]) - math.log10(y_span[0])) / height_px)
 
 
-def _text_box(lx: float, ly: float, text: str, dx: float, dy: float, angle_deg: float = 0.0) -> Box:
+def _text_box(lx: float, ly: float, text: str, dx: float, dy: float, angle_deg: float = 0.0,
+              font_px: float = 12) -> Box:
     """The log-space box a label anchored at its bottom-left (lx, ly, in log10 units) covers, rotated
     `angle_deg` upwards; dx, dy from `_decades_per_px`."""
-    w_px, h_px = len(text) * 6.6, 15
+    w_px, h_px = len(text) * 0.55 * font_px, 1.4 * font_px
     a = math.radians(angle_deg)
     return (lx, lx + (w_px * math.cos(a) + h_px * math.sin(a)) * dx, ly,
             ly + (w_px * math.sin(a) + h_px * math.cos(a)) * dy)
@@ -144,6 +159,12 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
                  (lr - 9 * dx, lr + 9 * dx, lp - 9 * dy, lp + 9 * dy),  # the ridge marker
                  # its label, centred 20 px left of it and 34 px above
                  _text_box(lr - (20 + 3.3 * len(ridge_text)) * dx, lp + 30 * dy, ridge_text, dx, dy)]
+    # The two region names in the plot's bottom corners (placed below at 1 % and 99 % across, 2 % up).
+    lx0, lx1, ly0, ly1 = math.log10(x_lo), math.log10(x_hi), math.log10(y_lo), math.log10(y_hi)
+    bottom = ly0 + 0.02 * (ly1 - ly0)
+    obstacles += [_text_box(lx0 + 0.01 * (lx1 - lx0), bottom, "memory-bound", dx, dy, font_px=13),
+                  _text_box(lx1 - 0.01 * (lx1 - lx0) - len("compute-bound") * 0.55 * 13 * dx, bottom, "compute-bound",
+                            dx, dy, font_px=13)]
     fig.add_annotation(x=0.01, y=0.02, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
                        text="memory-bound", showarrow=False, font=dict(color="#0072B2", size=13))
     fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom",

@@ -120,14 +120,14 @@ def test_time_never_runs_backwards(random_weights) -> None:  # noqa: ANN001
         assert list(q.token_times) == sorted(q.token_times)
 
 
-def test_handoffs_wait_for_room_in_a_small_decode_pool(random_weights) -> None:  # noqa: ANN001
+def test_handoffs_wait_for_room_in_a_small_decode_pool(tiny_weights) -> None:  # noqa: ANN001
     """Five requests, room for about two at a time on the decode worker: the rest wait in the transport
     (first come, first served), none is lost, and the tokens are those of one engine."""
     cfg = dataclasses.replace(CFG, weights="random", num_blocks=8)
     prompts = [[{"role": "user", "content": f"Count to {k}."}] for k in range(5)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    single = LLMEngine(cfg, random_weights).generate(prompts, params)
-    cluster = DisaggregatedEngine(cfg, random_weights)
+    single = LLMEngine(cfg, tiny_weights).generate(prompts, params)
+    cluster = DisaggregatedEngine(cfg, tiny_weights)
     rids = [cluster.add_request(p, params) for p in prompts]
     ticks = run_to_end(cluster)
     assert max(len(t.in_flight) for t in ticks) >= 2

@@ -273,3 +273,22 @@ def test_a_failed_fill_adopts_nothing(random_weights) -> None:  # noqa: ANN001
     cached = LLMEngine(dataclasses.replace(CFG, weights="random", enable_prefix_cache=True), random_weights)
     with pytest.raises(ValueError, match="prefix cache"):
         cached.adopt_prefilled("x", [1, 2, 3, 4], 3, SamplingParams(max_tokens=4), lambda blocks: None)
+
+
+def test_a_full_dev_shm_falls_back_to_process_memory(tiny_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A container's /dev/shm is often 64 MB: when no segment can be made, the KV waits in the process's own
+    memory, the handoff says so, and the tokens are unchanged."""
+    cfg = dataclasses.replace(CFG, weights="random")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    single = LLMEngine(cfg, tiny_weights).generate(CHATS[:2], params)
+
+    def full(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shared_memory, "SharedMemory", full)
+    cluster = DisaggregatedEngine(cfg, tiny_weights)
+    split = cluster.generate(CHATS[:2], params)
+    assert [r.token_ids for r in split] == [r.token_ids for r in single]
+    assert all(h.transport.startswith("process memory (shared memory unavailable: No space left")
+               for h in cluster.handoffs) and len(cluster.handoffs) == 2
+    assert_drained(cluster)

@@ -217,7 +217,7 @@ class DisaggregatedEngine:
         handoff = KVHandoff(request_id=seq.request_id, prompt_len=seq.prompt_len, first_token=seq.token_ids[-1],
                             src_blocks=tuple(blocks), dst_blocks=(), nbytes=parcel.nbytes,
                             send_seconds=parcel.send_seconds, receive_seconds=0.0, sent_at=-1.0, taken_at=-1.0,
-                            sent_tick=-1, taken_tick=-1, transport=self.transport.name)
+                            sent_tick=-1, taken_tick=-1, transport=parcel.via or self.transport.name)
         state = seq.generator.get_state() if seq.generator is not None else None
         self._sent_now.append(_InFlight(handoff, parcel, list(seq.token_ids), state))
 

@@ -33,6 +33,7 @@ class Parcel:
     dtype: torch.dtype
     nbytes: int
     send_seconds: float  # measured: copying the blocks out of the sender's pool into the transport
+    via: str = ""  # how it travels, in words (the transport's name unless it had to fall back)
 
 
 class Transport(Protocol):
@@ -69,6 +70,9 @@ class SharedMemoryTransport:
     def __init__(self) -> None:
         self._open: dict[str, shared_memory.SharedMemory] = {}
         self._spare: list[shared_memory.SharedMemory] = []
+        # Parcels that could not get a segment (a container's /dev/shm is often 64 MB): they wait in this
+        # process's memory instead, so a full /dev/shm slows nothing down and loses nothing.
+        self._private: dict[str, torch.Tensor] = {}
 
     def _segment(self, nbytes: int) -> shared_memory.SharedMemory:
         fits = [s for s in self._spare if s.size >= nbytes]
@@ -82,7 +86,13 @@ class SharedMemoryTransport:
         t0 = time.perf_counter()
         shape, dtype = pool.blocks_shape(len(blocks)), pool.data.dtype
         nbytes = math.prod(shape) * pool.data.element_size()
-        shm = self._segment(nbytes)
+        try:
+            shm = self._segment(nbytes)
+        except OSError as e:  # no room in /dev/shm (or no /dev/shm at all)
+            key = f"private-{len(self._private)}-{time.perf_counter_ns()}"
+            self._private[key] = pool.read_blocks(blocks).cpu()
+            return Parcel(key, shape, dtype, nbytes, time.perf_counter() - t0,
+                          f"process memory (shared memory unavailable: {e.strerror or e})")
         view = _view(shm, shape, dtype, nbytes)
         if pool.data.device.type == "cpu":
             pool.read_blocks(blocks, out=view)  # gathered straight into the segment
@@ -90,10 +100,13 @@ class SharedMemoryTransport:
             view.copy_(pool.read_blocks(blocks).cpu())
         del view  # a live view would keep the segment's buffer exported (close() refuses)
         self._open[shm.name] = shm
-        return Parcel(shm.name, shape, dtype, nbytes, time.perf_counter() - t0)
+        return Parcel(shm.name, shape, dtype, nbytes, time.perf_counter() - t0, self.name)
 
     def receive_into(self, parcel: Parcel, pool: KVPool, blocks: list[int]) -> float:
         t0 = time.perf_counter()
+        if parcel.key in self._private:
+            pool.write_blocks(blocks, self._private.pop(parcel.key))
+            return time.perf_counter() - t0
         shm = self._open.pop(parcel.key)
         try:
             view = _view(shm, parcel.shape, parcel.dtype, parcel.nbytes)
@@ -113,13 +126,14 @@ class SharedMemoryTransport:
             small.unlink()
 
     def discard(self, parcel: Parcel) -> None:
+        self._private.pop(parcel.key, None)
         shm = self._open.pop(parcel.key, None)
         if shm is not None:
             self._release(shm)
 
     @property
     def in_flight(self) -> int:
-        return len(self._open)
+        return len(self._open) + len(self._private)
 
     def close(self) -> None:
         """Unlink every segment, in flight or spare."""
@@ -128,6 +142,7 @@ class SharedMemoryTransport:
             shm.unlink()
         self._open.clear()
         self._spare.clear()
+        self._private.clear()
 
     def __del__(self) -> None:  # a dropped session must not leave segments in /dev/shm
         try:
@@ -152,7 +167,8 @@ class DeviceCopyTransport:
         key = f"parcel-{self._next}"
         self._next += 1
         self._open[key] = buf
-        return Parcel(key, tuple(buf.shape), buf.dtype, buf.numel() * buf.element_size(), time.perf_counter() - t0)
+        return Parcel(key, tuple(buf.shape), buf.dtype, buf.numel() * buf.element_size(), time.perf_counter() - t0,
+                      self.name)
 
     def receive_into(self, parcel: Parcel, pool: KVPool, blocks: list[int]) -> float:
         t0 = time.perf_counter()

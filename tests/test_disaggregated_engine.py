@@ -292,3 +292,12 @@ def test_a_full_dev_shm_falls_back_to_process_memory(tiny_weights, monkeypatch: 
     assert all(h.transport.startswith("process memory (shared memory unavailable: No space left")
                for h in cluster.handoffs) and len(cluster.handoffs) == 2
     assert_drained(cluster)
+
+
+def test_a_light_trace_skips_the_text_and_keeps_the_times(tiny_weights) -> None:  # noqa: ANN001
+    for detail in ("full", "light"):
+        cluster = DisaggregatedEngine(dataclasses.replace(CFG, weights="random", trace_detail=detail), tiny_weights)
+        rid = cluster.add_request(CHATS[0], SamplingParams(max_tokens=5, ignore_eos=True))
+        final = run_to_end(cluster)[-1].requests[0]
+        assert len(final.token_times) == 5
+        assert final.text == (cluster.result(rid).text if detail == "full" else "")

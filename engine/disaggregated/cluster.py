@@ -171,7 +171,8 @@ class DisaggregatedEngine:
                if (r.arrival_step <= self.step_index if r.arrival_at is None else r.arrival_at <= now)]
         if not due:
             return
-        self._pending = [r for r in self._pending if all(r is not d for _, d in due)]
+        arrived = {id(r) for _, r in due}
+        self._pending = [r for r in self._pending if id(r) not in arrived]
         P = self.prefill
         for t, req in sorted(due, key=lambda x: x[0]):
             self._run_prefill(lambda t=t: P.clock < t, out, sent)
@@ -261,6 +262,9 @@ class DisaggregatedEngine:
     def _states(self, now: float) -> tuple[ClusterRequestState, ...]:
         """Every request as of `now`. The prefill worker may have computed a step that, on its clock, is
         still running at `now` (a long prompt): its first token and handoff are not visible yet."""
+        # A "light" trace (benchmarks: hundreds of requests, thousands of ticks) skips the text, as
+        # LLMEngine's does: detokenising every request's whole output on every tick is the costliest part.
+        with_text = self.config.trace_detail == "full"
         out = []
         for r in self._requests.values():
             times = [t for t in r.token_times if t <= now]
@@ -272,7 +276,8 @@ class DisaggregatedEngine:
             reason = r.finish_reason if stage == "finished" else ""
             out.append(ClusterRequestState(r.request_id, stage, len(r.prompt_ids), len(times), r.arrival_time,
                                            times[0] if times else -1.0, r.finish_time if reason else -1.0, reason,
-                                           tuple(times), self._text(r.output_ids[: len(times)], reason, r.params)))
+                                           tuple(times),
+                                           self._text(r.output_ids[: len(times)], reason, r.params) if with_text else ""))
         return tuple(out)
 
     def _text(self, output_ids: list[int], finish_reason: str, params: SamplingParams) -> str:

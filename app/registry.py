@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Section order and names follow the seed outline.
-SECTIONS: tuple[str, ...] = ("Memory and attention", "Scheduling and decoding", "Serving")
+SECTIONS: tuple[str, ...] = ("Memory and attention", "Scheduling and decoding", "Serving", "Test-time compute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,11 @@ PAGES: tuple[PageSpec, ...] = (
              "through shared memory, both workers on one time axis, and colocated vs chunked vs disaggregated "
              "measured on the same requests.",
              ":material/swap_horiz:", "pages/10_disaggregated.py", "disaggregated-prefill-decode"),
+    PageSpec("Inference-time compute scaling", "Test-time compute",
+             "More tokens for better answers: N samples sharing the prompt's KV blocks, majority vote vs the model's "
+             "own certainty vs an oracle, accuracy vs tokens spent measured on a task set, and s1 budget forcing "
+             "(forced “Wait,” and answer cue).",
+             ":material/psychology:", "pages/11_test_time_compute.py", "test-time-compute"),
 )
 
 

@@ -22,7 +22,7 @@ from engine.model import LlamaModel
 from engine.sampler import sample_next
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import PENDING, Sequence, SeqStatus
+from engine.sequence import PENDING, ForcedTokens, Sequence, SeqStatus
 from engine.pool_view import light_pool_summary, memory_split, pool_summary
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
                           ScheduledSeq, StepRecord)
@@ -37,6 +37,7 @@ class SampleOutput:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: str
+    logprobs: tuple[float | None, ...] = ()  # with SamplingParams(logprobs=True): per output token (None: forced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,9 @@ class LLMEngine:
         # Called with (sequence, finish reason) while the finished sequence still owns its blocks: a
         # prefill worker reads the prompt's KV here to hand it to a decode worker (engine/disaggregated).
         self.on_finish: Callable[[Sequence, str], None] | None = None
+        # Called with (sequence, just-sampled token) before the stop checks; may return ForcedTokens to
+        # write text into the sequence (budget forcing, engine/test_time/budget.py). None: keep the token.
+        self.force_tokens: Callable[[Sequence, int], ForcedTokens | None] | None = None
         self.overlap = None
         if config.overlap_decode:
             from engine.overlap import DecodePipeline
@@ -176,6 +180,9 @@ class LLMEngine:
             raise ValueError(f"spec_gamma must be an integer in [0, 16] or None, got {spec_gamma!r}")
         if spec_gamma and self.speculator is None:
             raise ValueError("spec_gamma > 0 needs a drafter: set EngineConfig.spec_drafter")
+        if params.logprobs and (self.speculator is not None or self.overlap is not None):
+            # Verification and overlapped decode emit tokens without their logits row at hand.
+            raise ValueError("logprobs needs an engine without a drafter or overlapped decode")
         order = next(self._orders)
         parent = None
         for i in range(params.n):
@@ -360,7 +367,7 @@ class LLMEngine:
             # row never needs its own logits view (indexing a tensor costs microseconds a row).
             greedy = logits.argmax(-1).tolist() if logits.shape[0] else []
             for seq, i in samplers:
-                if seq.params.greedy and seq.params.n == 1:
+                if seq.params.greedy and seq.params.n == 1 and not seq.params.logprobs:
                     self._sample_into(seq, None, step, now, emitted, finished, greedy[i])
                     continue
                 self._sample_into(seq, logits[i], step, now, emitted, finished,
@@ -413,15 +420,32 @@ class LLMEngine:
         placeholder (overlapped decode); then check the stop conditions."""
         if token is None:
             token = sample_next(logits, seq.params, seq.generator)
-        if at is None:
-            seq.token_ids.append(token)
-        else:
-            seq.token_ids[at] = token
+        logprob = None
+        if seq.params.logprobs and logits is not None:
+            logprob = float(torch.log_softmax(logits.float(), dim=-1)[token])
+        forcing = self.force_tokens(seq, token) if self.force_tokens is not None and at is None else None
+        if forcing is None or not forcing.replace:
+            if at is None:
+                seq.token_ids.append(token)
+            else:
+                seq.token_ids[at] = token
+            if seq.params.logprobs:
+                seq.logprobs.append(logprob)
+            emitted.append(EmittedToken(seq.label, seq.seq_id, token, self.tokenizer.decode_token(token), logprob))
+        if forcing is not None:
+            # Written after (or instead of) the sampled token and not computed yet: the next step's
+            # scheduler brings this sequence's computed tokens up to them, a chunk of len(tokens) + 1.
+            for t in forcing.tokens:
+                seq.token_ids.append(t)
+                if seq.params.logprobs:
+                    seq.logprobs.append(None)
+                emitted.append(EmittedToken(seq.label, seq.seq_id, t, self.tokenizer.decode_token(t),
+                                            forced=forcing.label))
+            token = seq.token_ids[-1]
         if seq.first_token_step < 0:
             seq.first_token_step = step
             seq.first_token_time = now
         seq.token_times.append(now)
-        emitted.append(EmittedToken(seq.label, seq.seq_id, token, self.tokenizer.decode_token(token)))
         reason = self._stop_reason(seq, token, None if at is None else at + 1)
         if reason:
             self._finish(seq, reason, step)
@@ -540,7 +564,8 @@ class LLMEngine:
         seqs = sorted((s for s in self.sequences if s.request_id == request_id), key=lambda s: s.index)
         if not seqs:
             raise KeyError(request_id)
-        samples = tuple(SampleOutput(tuple(s.output_ids), self._text(s), s.finish_reason) for s in seqs)
+        samples = tuple(SampleOutput(tuple(s.output_ids), self._text(s), s.finish_reason, tuple(s.logprobs))
+                        for s in seqs)
         return GenerationResult(request_id, tuple(seqs[0].token_ids[: seqs[0].prompt_len]), samples)
 
     def _text(self, seq: Sequence) -> str:

@@ -15,6 +15,10 @@ class SamplingParams:
     n: int = 1  # parallel samples sharing the prompt's KV blocks (copy-on-write)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Record the log-probability of every sampled token under the model's own distribution (softmax of
+    # the raw logits, temperature 1): test-time compute scores samples by it (engine/test_time). Off by
+    # default because greedy rows then skip reading their logits row at all.
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -31,6 +35,8 @@ class SamplingParams:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.logprobs, bool):
+            raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
 

@@ -49,6 +49,9 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)  # wall-clock time each output token appeared
     arrival_time: float = -1.0
     spec_gamma: int | None = None  # speculative drafts per round for this request (None: the engine's default)
+    # With params.logprobs: one entry per output token, the sampled token's log-probability, or None for
+    # a token the engine forced in (ForcedTokens) rather than sampled.
+    logprobs: list[float | None] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -82,3 +85,15 @@ class Sequence:
     def make_generator(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed + 7919 * self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedTokens:
+    """What `LLMEngine.force_tokens` may return for a just-sampled token: text the engine writes into the
+    sequence instead of (`replace`) or after the sampled token. The forced tokens are not computed yet, so
+    the scheduler's one rule (computed tokens up to known tokens) computes them in the next step, like a
+    small prefill chunk. `label` marks them in the step's EmittedTokens ("wait", "cue", "end", ...)."""
+
+    tokens: tuple[int, ...]
+    replace: bool
+    label: str

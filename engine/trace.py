@@ -32,6 +32,8 @@ class EmittedToken:
     seq_id: int
     token_id: int
     text: str
+    logprob: float | None = None  # log p(token) under the model, when the request asked for logprobs
+    forced: str = ""  # "" = sampled by the model; else the label of the engine's forcing ("wait", "cue", ...)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,142 @@
+"""What the test-time compute page computes from its inputs and records (no Streamlit): the checked
+run settings, the scenario they make, one table row per sample, and the bench results file."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.test_time import BudgetForcing, Task
+from engine.tokenizer import Tokenizer
+
+from app.scenarios import RequestSpec, Scenario
+
+MAX_SAMPLES = 16
+MAX_PROMPT_CHARS = 600
+REQUEST_ID = "q"
+# A small pool is plenty: 16 samples x (a ~45-token prompt + <= 100 output tokens) fit in 128 x 16 slots.
+ENGINE = {"block_size": 16, "num_blocks": 128, "max_model_len": 512, "max_num_seqs": MAX_SAMPLES,
+          "max_num_batched_tokens": 512}
+BENCH_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "test_time_compute_cpu.json"
+MODES = ("Best-of-N (parallel samples)", "Budget forcing (s1)")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """One run of the page: a question (with its right answer when it comes from the task set), N
+    samples, sampling, and a thinking budget in budget-forcing mode."""
+
+    prompt: str
+    answer: str | None
+    n: int
+    temperature: float
+    seed: int
+    max_tokens: int
+    budget: BudgetForcing | None
+
+    def scenario(self) -> Scenario:
+        mode = "budget forcing" if self.budget else "best-of-N"
+        return Scenario(name=f"{mode}: N = {self.n}, T = {self.temperature:g}",
+                        requests=(RequestSpec(self.prompt, max_tokens=self.max_tokens, temperature=self.temperature,
+                                              seed=self.seed, n=self.n, request_id=REQUEST_ID),),
+                        engine=dict(ENGINE))
+
+
+def check_settings(prompt: str, answer: str | None, n: int, temperature: float, seed: int, max_tokens: int,
+                   budget: tuple[int, int, int] | None, tokenizer: Tokenizer) -> RunSettings:
+    """The settings, or ValueError with a message a student can act on (nothing is run or reset)."""
+    if not prompt or not prompt.strip():
+        raise ValueError("The prompt is empty: pick a question or type one.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"The prompt is {len(prompt)} characters long; at most {MAX_PROMPT_CHARS} keep a run "
+                         "short on the CPU.")
+    if not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"N must be a whole number from 1 to {MAX_SAMPLES}, got {n!r}.")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and 0 <= temperature <= 2):
+        raise ValueError(f"Temperature must be between 0 and 2, got {temperature!r}.")
+    if n > 1 and temperature == 0:
+        raise ValueError("N > 1 needs a temperature above 0: greedy samples would all be the same text.")
+    if not 1 <= max_tokens <= 128:
+        raise ValueError(f"max tokens must be from 1 to 128, got {max_tokens}.")
+    forcing = None
+    if budget is not None:
+        lo, hi, ans = budget
+        try:
+            forcing = BudgetForcing(min_thinking=lo, max_thinking=hi, answer_tokens=ans)
+        except ValueError as e:
+            raise ValueError(f"Invalid thinking budget: {e}.") from None
+    prompt_tokens = len(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
+    need = prompt_tokens + (forcing.max_tokens(tokenizer) if forcing else max_tokens)
+    if need > ENGINE["max_model_len"]:
+        raise ValueError(f"The prompt ({prompt_tokens} tokens) plus what the run may generate ({need - prompt_tokens}) "
+                         f"exceeds the context of {ENGINE['max_model_len']} tokens: shorten the prompt or the budget.")
+    return RunSettings(prompt.strip(), answer, n, float(temperature), int(seed), int(max_tokens), forcing)
+
+
+def library(settings: RunSettings, tasks: tuple[Task, ...]) -> list[Scenario]:
+    """The scenario editor's ready-made runs (under the page's current mode and budget): the current
+    run first, then a few task-set questions with N = 8 and one with N = 16."""
+    out = [settings.scenario()]
+    for t, n in ((tasks[1], 8), (tasks[6], 8), (tasks[8], 16)):
+        sc = task_settings(t, n=n).scenario()
+        out.append(Scenario(f"“{t.question}” N = {n}", sc.requests, sc.engine,
+                            f"{n} samples of a task-set question at temperature 0.8 (right answer: {t.answer})."))
+    return out
+
+
+def task_settings(task: Task, n: int = 8, temperature: float = 0.8, seed: int = 0, max_tokens: int = 24,
+                  budget: BudgetForcing | None = None) -> RunSettings:
+    """The page's default run: a task-set question, N = 8."""
+    return RunSettings(task.text, task.answer, n, temperature, seed, max_tokens, budget)
+
+
+def request_view(record_extra: dict[str, Any] | None, request_id: str = REQUEST_ID) -> dict[str, Any] | None:
+    """One request in a record's "test_time" extra (None before it exists)."""
+    if not record_extra:
+        return None
+    return record_extra.get("requests", {}).get(request_id)
+
+
+def picks_by_sample(view: dict[str, Any]) -> dict[int, list[str]]:
+    """Sample index -> the rules that pick it."""
+    names = {"majority": "majority vote", "self_certainty": "self-certainty", "oracle": "oracle"}
+    out: dict[int, list[str]] = {}
+    for key, idx in view["picks"].items():
+        if idx is not None:
+            out.setdefault(idx, []).append(names[key])
+    return out
+
+
+def sample_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """One table row per sample: its answer, score, cost and which rules pick it."""
+    picks = picks_by_sample(view)
+    rows = []
+    for i, s in enumerate(view["samples"]):
+        forced = len(s["forced"])
+        rows.append({
+            "sample": s["label"], "status": s["finish_reason"] or s["status"],
+            "answer": s["answer"] if s["answer"] is not None else "–",
+            "right?": "–" if s["correct"] is None or s["answer"] is None else ("yes" if s["correct"] else "no"),
+            "mean log p": None if math.isinf(s["mean_logprob"]) else round(s["mean_logprob"], 3),
+            "tokens": s["num_tokens"], "forced": forced,
+            "blocks (shared + own)": f"{s['shared_blocks']} + {s['own_blocks']}",
+            "picked by": ", ".join(picks.get(i, [])) or "",
+        })
+    return rows
+
+
+def answer_counts(view: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in view["samples"]:
+        if s["answer"] is not None:
+            counts[s["answer"]] = counts.get(s["answer"], 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def load_bench(path: Path = BENCH_FILE) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

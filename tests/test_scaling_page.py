@@ -1,0 +1,112 @@
+"""The test-time compute page under AppTest (random weights, CPU): N samples stepped and scrubbed, the
+budget-forcing mode, bad input as a message that keeps the run, and the accuracy-vs-N measurement;
+plus the page's record-only analysis."""
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+from engine.test_time import load_tasks
+from engine.tokenizer import default_tokenizer
+
+from app.analysis.test_time import check_settings, library, sample_rows, task_settings
+from app.registry import PAGES
+from tests.apptest_helpers import assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
+
+PAGE, PREFIX = "11_test_time_compute.py", "ttc"
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.url_path == "test-time-compute")
+    assert spec.available and spec.section == "Test-time compute"
+
+
+def test_settings_are_checked_before_anything_runs() -> None:
+    tok = default_tokenizer()
+    ok = check_settings("What is 3 + 4?", "7", 4, 0.8, 0, 24, None, tok)
+    assert ok.scenario().requests[0].n == 4 and ok.budget is None
+    assert check_settings("Hi", None, 1, 0.0, 0, 8, (8, 16, 4), tok).budget.max_thinking == 16
+    for args, match in [(("  ", None, 4, 0.8, 0, 24, None), "empty"), (("x" * 601, None, 4, 0.8, 0, 24, None), "600"),
+                        (("Hi", None, 17, 0.8, 0, 24, None), "N must"), (("Hi", None, 4, 0.0, 0, 24, None), "temperature"),
+                        (("Hi", None, 4, 0.8, 0, 24, (20, 10, 4)), "budget")]:
+        try:
+            check_settings(*args, tok)
+        except ValueError as e:
+            assert match in str(e), (match, e)
+        else:
+            raise AssertionError(f"accepted {args}")
+    scenarios = library(task_settings(load_tasks()[0]), load_tasks())
+    assert len({s.name for s in scenarios}) == len(scenarios) and scenarios[0].requests[0].n == 8
+
+
+def test_page_steps_samples_and_scrubs(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    assert any("torch" in c.value and "CPU" in c.value for c in at.caption)  # says it runs the CPU reference path
+    for _ in range(3):
+        at.button(key=f"{PREFIX}-btn-step").click().run()
+        assert_clean(at)
+    session = session_of(at, PREFIX)
+    assert [r.step for r in session.records] == [0, 1, 2]
+    metrics = _metrics(at)
+    assert metrics["Samples"] == "8" and metrics["Tokens spent"] == "24" and int(metrics["Shared prompt blocks"]) >= 1
+    view = session.records[-1].extra("test_time")["requests"]["q"]
+    assert view["truth"] == load_tasks()[0].answer
+    rows = sample_rows(view)
+    assert len(rows) == 8 and all(r["tokens"] == 3 for r in rows)
+    assert len(at.get("plotly_chart")) >= 2  # block tables and the answer votes
+    at.slider(key=f"{PREFIX}-scrub").set_value(0).run()
+    assert_clean(at)
+    assert len(session.records) == 3
+
+
+def test_bad_input_keeps_the_run_then_budget_mode_forces(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    at.button(key=f"{PREFIX}-btn-step").click().run()
+    submit = f"FormSubmitter:{PREFIX}-form-Apply and restart"
+    for setup, message in [(lambda: at.number_input(key=f"{PREFIX}-n").set_value(99), "N must"),
+                           (lambda: at.selectbox(key=f"{PREFIX}-question").set_value(
+                               "Your own question (no right answer known)"), "prompt is empty")]:
+        setup()
+        at.button(key=submit).click().run()
+        assert not at.exception
+        assert any(message in e.value for e in at.error), [e.value for e in at.error]
+        assert len(session_of(at, PREFIX).records) == 1  # what was computed is still there
+    at.text_input(key=f"{PREFIX}-prompt").set_value("Count to three.")
+    at.number_input(key=f"{PREFIX}-n").set_value(2)
+    at.radio(key=f"{PREFIX}-mode").set_value("Budget forcing (s1)")
+    at.number_input(key=f"{PREFIX}-min").set_value(30)
+    at.number_input(key=f"{PREFIX}-max").set_value(10)
+    at.button(key=submit).click().run()
+    assert any("must not exceed" in e.value for e in at.error)
+    assert len(session_of(at, PREFIX).records) == 1
+    at.number_input(key=f"{PREFIX}-min").set_value(2)
+    at.number_input(key=f"{PREFIX}-max").set_value(4)
+    at.number_input(key=f"{PREFIX}-answer").set_value(2)
+    at.button(key=submit).click().run()
+    assert_clean(at)
+    session = session_of(at, PREFIX)
+    assert session.records == [] and session.scenario.requests[0].n == 2
+    at.button(key=f"{PREFIX}-btn-end").click().run()
+    assert_clean(at)
+    view = session.records[-1].extra("test_time")["requests"]["q"]
+    for s in view["samples"]:  # random weights never end early: the cap forces the cue, then the end
+        labels = {lab for _, lab in s["forced"]}
+        assert labels == {"cue", "end"} and s["thinking_tokens"] == 4 and s["finish_reason"] == "eos"
+    assert any(e.forced == "cue" for r in session.records for e in r.emitted)
+    assert len(at.get("plotly_chart")) >= 2  # the thinking-budget chart replaces the votes
+
+
+def test_measure_accuracy_vs_n(random_app: AppTest, monkeypatch) -> None:  # noqa: ANN001
+    # Two questions keep it short on random weights (which never stop early); the page code is the same.
+    import app.sections.test_time as section
+    monkeypatch.setattr(section, "load_tasks", lambda: load_tasks()[:2])
+    at = open_page(random_app, PAGE)
+    at.button(key=f"{PREFIX}-measure").click().run()
+    assert_clean(at)
+    run = at.session_state[f"page-cache:{PREFIX}"]["accuracy"]
+    assert run.n == 8 and len(run.outcomes) == 2
+    assert any("Measured now" in c.value for c in at.caption)

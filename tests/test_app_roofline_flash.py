@@ -1,6 +1,6 @@
 """The attention roofline and FlashAttention-2 pages: their analysis code, their charts, the pages
-themselves under Streamlit's AppTest, and (marked `browser`) both pages in headless Chromium with
-full-length screenshots in test-artifacts/.
+themselves under Streamlit's AppTest. (Both pages in headless Chromium are in test_browser.py, which shares
+one Streamlit server among all the browser tests.)
 """
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -34,7 +33,6 @@ from app.charts.roofline import (decode_calculator_chart, place_labels, request_
                                  step_latency_chart)
 from app.scenarios import RequestSpec, Scenario
 from kernels.flash_trace import flash_attention_tiled, naive_attention
-from tests.streamlit_server import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ModelConfig()
@@ -411,114 +409,4 @@ def test_pages_open_through_the_navigation(app_env, page_file: str) -> None:  # 
     _no_exception(at)
     assert not at.error, [e.value for e in at.error]
     assert at.title[0].value in ("Attention roofline", "FlashAttention-2")
-
-
-# ---- both pages in headless Chromium -----------------------------------------------------------------
-
-TIMEOUT_MS = 300_000
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not installed")
-    with streamlit_server("streamlit-server-roofline-flash.log", start_timeout_s=120) as url:
-        yield url
-
-
-@pytest.fixture()
-def page(server):  # noqa: ANN001
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
-        pg.set_default_timeout(TIMEOUT_MS)
-        yield pg
-        browser.close()
-
-
-def _idle(pg) -> None:  # noqa: ANN001
-    """Until the script run triggered by the last action has finished (stApp carries the state)."""
-    pg.wait_for_timeout(300)
-    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=TIMEOUT_MS)
-    pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
-
-
-def _clean(pg) -> None:  # noqa: ANN001
-    exc = pg.locator('[data-testid="stException"]')
-    assert exc.count() == 0, exc.first.inner_text()
-    err = pg.locator('[data-testid="stAlertContentError"]')
-    assert err.count() == 0, err.first.inner_text()
-
-
-def _charts(pg) -> int:  # noqa: ANN001
-    return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
-
-
-def _shoot(pg, name: str) -> Path:  # noqa: ANN001
-    """The whole page: Streamlit scrolls inside its own container, so grow the viewport to fit it."""
-    height = pg.evaluate("() => Math.max(...Array.from(document.querySelectorAll("
-                         "'[data-testid=stMain], [data-testid=stAppViewContainer], section')).map(e => e.scrollHeight))")
-    pg.set_viewport_size({"width": 1600, "height": min(int(height) + 40, 16000)})
-    pg.wait_for_timeout(1500)  # Plotly redraws at the new size
-    path = ARTIFACTS / f"{name}.png"
-    pg.screenshot(path=str(path), full_page=True)
-    pg.set_viewport_size({"width": 1600, "height": 1000})
-    pg.wait_for_timeout(500)
-    return path
-
-
-def _step(pg, expected_records: int) -> None:  # noqa: ANN001
-    """Press Step and wait until the timeline reports the new record."""
-    pg.locator('[data-testid="stMainBlockContainer"] button', has_text="Step").first.click()
-    pg.get_by_text(f"{expected_records} step{'s' if expected_records > 1 else ''} recorded", exact=False).first.wait_for()
-    _idle(pg)
-
-
-@pytest.mark.browser
-@pytest.mark.slow
-def test_browser_roofline(server: str, page) -> None:  # noqa: ANN001
-    page.goto(f"{server}/attention-roofline")
-    page.wait_for_selector("h1")
-    _idle(page)
-    _clean(page)
-    for i in range(1, 7):
-        _step(page, i)
-        _clean(page)
-    assert _charts(page) >= 4
-    assert "5 (decode)" in page.locator('[data-testid="stMetric"]', has_text="Selected step").inner_text()
-    _shoot(page, "02_attention_roofline_decode_step5")
-    timeline = page.locator('input[type="range"][aria-label^="Timeline"]').first
-    timeline.focus()
-    timeline.press("Home")  # back to step 0, the prefill: redrawn from its record
-    page.wait_for_function("() => document.querySelector('input[type=range][aria-label^=\"Timeline\"]')"
-                           ".getAttribute('aria-valuetext') === 'step 0'")
-    _idle(page)
-    _clean(page)
-    assert "0 (prefill)" in page.locator('[data-testid="stMetric"]', has_text="Selected step").inner_text()
-    _shoot(page, "02_attention_roofline_prefill_step0")
-    plots = page.locator('[data-testid="stPlotlyChart"]')
-    before = plots.count()
-    page.get_by_role("button", name="Run the scenario on every kernel path").click()
-    _idle(page)
-    _clean(page)
-    assert plots.count() == before + 1  # the kernel-path chart joins the page
-    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="Every decode step of the scenario")
-    assert chart.count() == 1 and "torch reference kernels" in chart.inner_text()
-    _shoot(page, "02_attention_roofline_kernel_paths")
-
-
-@pytest.mark.browser
-@pytest.mark.slow
-def test_browser_flashattention(server: str, page) -> None:  # noqa: ANN001
-    page.goto(f"{server}/flashattention")
-    page.wait_for_selector("h1")
-    _idle(page)
-    _clean(page)
-    assert _charts(page) >= 4  # tile grid, online softmax, heatmap, time/error
-    text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
-    assert "re-enactment" in text and ("torch reference path on the CPU" in text or "Triton kernels on" in text)
-    _shoot(page, "05_flashattention")
 

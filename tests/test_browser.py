@@ -18,6 +18,7 @@ import pytest
 from tests.streamlit_server import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_server
 
 VIEWPORT = {"width": 1600, "height": 1000}
+PROJECTOR = {"width": 1280, "height": 1000}  # a lecture-hall projector
 SCRIPT_TIMEOUT_MS = 240_000  # a step is 0.1-0.3 s on an idle 2-core CPU, much more when it is shared
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -50,12 +51,14 @@ def page(browser):  # noqa: ANN001
     ctx.close()
 
 
-def wait_idle(pg) -> None:  # noqa: ANN001
+def wait_idle(pg, settle: bool = True) -> None:  # noqa: ANN001
     """Wait until the script run (callbacks included) triggered by the last action has finished:
-    stApp carries the script state, the same signal Streamlit's own e2e tests wait on."""
+    stApp carries the script state, the same signal Streamlit's own e2e tests wait on. `settle` then
+    gives Plotly a second to draw what the run sent; a step whose charts nobody measures skips it."""
     pg.wait_for_timeout(300)
     pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=SCRIPT_TIMEOUT_MS)
-    pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
+    if settle:
+        pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
 
 
 def assert_clean(pg) -> None:  # noqa: ANN001
@@ -76,11 +79,21 @@ def click_button(pg, label: str) -> None:  # noqa: ANN001
     wait_idle(pg)
 
 
-def step(pg, expected_records: int) -> None:  # noqa: ANN001
+def step(pg, expected_records: int, settle: bool = True) -> None:  # noqa: ANN001
     """Press Step and wait until the timeline reports the new record (deterministic, unlike timers)."""
     pg.locator('[data-testid="stMainBlockContainer"] button', has_text="Step").first.click()
     label = f"{expected_records} step{'s' if expected_records > 1 else ''} recorded"
     pg.get_by_text(label, exact=False).first.wait_for()
+    wait_idle(pg, settle)
+
+
+def scrub_to_first_step(pg) -> None:  # noqa: ANN001
+    """Drag the timeline back to step 0: the page redraws that step from its record."""
+    slider = pg.locator('input[type="range"][aria-label^="Timeline"]').first
+    slider.focus()
+    slider.press("Home")
+    pg.wait_for_function(
+        "() => document.querySelector('input[type=range][aria-label^=\"Timeline\"]').getAttribute('aria-valuetext') === 'step 0'")
     wait_idle(pg)
 
 
@@ -161,12 +174,13 @@ def plotly_count(pg) -> int:  # noqa: ANN001
 
 def shoot(pg, name: str) -> Path:  # noqa: ANN001
     """The whole page: Streamlit scrolls inside stMain, so grow the viewport to its height first."""
+    before = pg.viewport_size
     height = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-    pg.set_viewport_size({"width": VIEWPORT["width"], "height": min(int(height), 9000)})
+    pg.set_viewport_size({"width": before["width"], "height": min(int(height), 9000)})
     pg.wait_for_timeout(1500)  # Plotly re-lays out on resize
     path = ARTIFACTS / f"{name}.png"
     pg.screenshot(path=str(path), full_page=True)
-    pg.set_viewport_size(VIEWPORT)
+    pg.set_viewport_size(before)
     return path
 
 
@@ -259,24 +273,57 @@ ENGINE_PAGES = [
 
 @pytest.mark.parametrize("path,name,min_charts", ENGINE_PAGES, ids=[p[1] for p in ENGINE_PAGES])
 def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) -> None:  # noqa: ANN001
+    """Each engine page on a projector (1280 pixels, sidebar open), stepped four times and scrubbed back.
+    At that width the explanation panel's column is ~335 pixels: display-mode formulas of up to 650 pixels
+    were cut off there (the inline ones wrap), and so were eleven chart titles, axis titles and annotations
+    written for a 1600-pixel window (long titles now keep their details in a subtitle). Chart text is checked
+    after the third step (the radix tree has two leaves from then on) and the fourth."""
+    page.set_viewport_size(PROJECTOR)
     open_page(page, server, path)
     assert_clean(page)
+    assert assert_formulas_fit(page) >= 2, path
     for i in range(1, 5):
-        step(page, i)
+        step(page, i, settle=i >= 3)  # only the steps whose charts are measured wait for Plotly to draw
         assert_clean(page)
+        if i >= 3:
+            assert_chart_text_fits(page)
+            assert_chart_text_apart(page)
     assert plotly_count(page) >= min_charts
     assert_metrics_fit(page)
+    assert_buttons_fit(page)
     shoot(page, f"{name}_step4")
-    # Scrub back to the first step: redrawn from records, still clean.
-    slider = page.locator('input[type="range"][aria-label^="Timeline"]').first
-    slider.focus()
-    slider.press("Home")
-    page.wait_for_function(
-        "() => document.querySelector('input[type=range][aria-label^=\"Timeline\"]').getAttribute('aria-valuetext') === 'step 0'")
-    wait_idle(page)
+    scrub_to_first_step(page)  # redrawn from records, still clean
     assert_clean(page)
     assert plotly_count(page) >= min_charts
     shoot(page, f"{name}_scrubbed")
+
+
+def test_roofline_page_decode_prefill_and_kernel_paths(server, page) -> None:  # noqa: ANN001
+    """The roofline page stepped past the prompt: step 5 is a decode; scrubbed back, step 0 is the prefill,
+    redrawn from its record; "Run the scenario on every kernel path" adds the kernel-path chart (on the CPU
+    the torch reference kernels)."""
+    open_page(page, server, "attention-roofline")
+    assert_clean(page)
+    for i in range(1, 7):
+        step(page, i, settle=i == 6)
+        assert_clean(page)
+    assert plotly_count(page) >= 4
+    selected = page.locator('[data-testid="stMetric"]', has_text="Selected step")
+    assert "5 (decode)" in selected.inner_text()
+    shoot(page, "02_attention_roofline_decode_step5")
+    scrub_to_first_step(page)
+    assert_clean(page)
+    assert "0 (prefill)" in selected.inner_text()
+    shoot(page, "02_attention_roofline_prefill_step0")
+    plots = page.locator('[data-testid="stPlotlyChart"]')
+    before = plots.count()
+    page.get_by_role("button", name="Run the scenario on every kernel path").click()
+    wait_idle(page)
+    assert_clean(page)
+    assert plots.count() == before + 1  # the kernel-path chart joins the page
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="Every decode step of the scenario")
+    assert chart.count() == 1 and "torch reference kernels" in chart.inner_text()
+    shoot(page, "02_attention_roofline_kernel_paths")
 
 
 def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001
@@ -309,7 +356,7 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
 def test_disaggregated_compare(server, page) -> None:  # noqa: ANN001
     """Run to the end, then the three ways of serving: the charts draw, their text stays apart at a
     projector's width, and the tokens are the same all three ways."""
-    page.set_viewport_size({"width": 1280, "height": 1000})
+    page.set_viewport_size(PROJECTOR)
     open_page(page, server, "disaggregated-prefill-decode")
     click_button(page, "Run to end")
     click_button(page, "Run three ways")
@@ -328,11 +375,18 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     """No engine steps here: the page replays FA2 on one layer's real Q, K, V for the prompt in its form.
     All four charts (tile grid, one row's online softmax, the N x N matrix, the timing comparison) draw,
     and a new prompt submitted through the form redraws them."""
+    page.set_viewport_size(PROJECTOR)
     open_page(page, server, "flashattention")
     page.get_by_text("Same inputs, several implementations", exact=False).first.wait_for()
     assert_clean(page)
-    assert plotly_count(page) >= 4
+    assert assert_formulas_fit(page) >= 2
+    assert plotly_count(page) >= 4  # tile grid, online softmax, heatmap, time/error
+    text = page.locator('[data-testid="stMainBlockContainer"]').inner_text()
+    assert "re-enactment" in text and ("torch reference path on the CPU" in text or "Triton kernels on" in text)
     assert_metrics_fit(page)
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_buttons_fit(page)
     shoot(page, "05_flashattention")
     pairs = page.locator('[data-testid="stMetric"]:has-text("Tile pairs") [data-testid="stMetricValue"]').first
     before = int(pairs.inner_text())
@@ -347,25 +401,37 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     shoot(page, "05_flashattention_short_prompt")
 
 
-def test_text_fits_a_projector(server, page) -> None:  # noqa: ANN001
-    """At 1280 pixels the explanation panel's column is ~335 pixels wide: display-mode formulas of up to
-    650 pixels were cut off there (the inline ones wrap), and so were eleven chart titles, axis titles and
-    annotations written for a 1600-pixel window (long titles now keep their details in a subtitle)."""
-    page.set_viewport_size({"width": 1280, "height": 1000})
-    for path, _, _ in ENGINE_PAGES + [("flashattention", "05_flashattention", 0)]:
-        open_page(page, server, path)
-        assert assert_formulas_fit(page) >= 2, path
-        if path != "flashattention":  # three steps: the radix tree has two leaves from the third on
-            for i in range(1, 4):
-                step(page, i)
-        assert_chart_text_fits(page)
-        assert_chart_text_apart(page)
-        assert_buttons_fit(page)
+def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
+    """Best-of-N on a projector: eight samples stepped (their token strips, the block tables with the shared
+    prompt blocks, the answer votes), then the accuracy-vs-N measurement's scaling curve; chart text fits and
+    stays apart at 1280 pixels, and the page can be scrubbed back."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "test-time-compute")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 2
+    for i in range(1, 4):
+        step(page, i, settle=i == 3)
+        assert_clean(page)
+    assert page.locator(".tt-strip").count() == 8
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert plotly_count(page) >= 2
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "11_test_time_compute_step3")
+    click_button(page, "Measure accuracy vs N")
+    page.get_by_text("Measured now", exact=False).first.wait_for()
+    wait_idle(page)
+    assert_clean(page)
+    assert plotly_count(page) >= 3
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    shoot(page, "11_test_time_compute_measured")
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     # A projector's width, where presentation mode's large metric values used to be cut off.
-    page.set_viewport_size({"width": 1280, "height": 1000})
+    page.set_viewport_size(PROJECTOR)
     open_page(page, server, "attention-roofline")
     page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
                  has_text="Presentation mode").first.click()

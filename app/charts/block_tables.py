@@ -6,6 +6,8 @@ so sharing (two arrows into one physical block) and scattering are visible at a 
 """
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import plotly.graph_objects as go
 
@@ -59,12 +61,47 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
     return fig
 
 
-def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
-    """Sequences on the left, physical blocks on the right (in id order); one edge per table entry."""
+# The graph's vertical room: its margins (top 60, bottom 10) and its y range (1.16 units for the unit
+# between the first and the last block). A block label is the template's 15-pixel text, a box about 19
+# pixels tall, and presentation mode draws it 4/3 larger in a 1.25x taller chart, so 24 pixels apart keep
+# labels clear in both: at 1280 pixels the labels of 11 blocks in a 276-pixel chart ran into each other.
+GRAPH_MARGIN_PX = 70
+GRAPH_Y_SPAN = 1.16
+BLOCK_LABEL_PX = 24
+GRAPH_MAX_PX = 560
+
+
+def _blocks_in_tables(record: StepRecord) -> list[int]:
+    return sorted({b for t in record.block_tables for b in t.block_ids})
+
+
+def graph_height(num_blocks: int, at_least: int) -> int:
+    """Pixels the mapping graph needs for every block label to stand clear of its neighbours (at least
+    `at_least`, at most GRAPH_MAX_PX: past that `mapping_graph` labels every k-th block)."""
+    need = GRAPH_MARGIN_PX + math.ceil(GRAPH_Y_SPAN * BLOCK_LABEL_PX * max(num_blocks - 1, 0))
+    return min(max(at_least, need), max(at_least, GRAPH_MAX_PX))
+
+
+def mapping_graph_height(record: StepRecord, at_least: int) -> int:
+    return graph_height(len(_blocks_in_tables(record)), at_least)
+
+
+def label_stride(num_blocks: int, height: int) -> int:
+    """Label every k-th block so labels `height` pixels apart stay BLOCK_LABEL_PX apart."""
+    if num_blocks < 2:
+        return 1
+    spacing = (height - GRAPH_MARGIN_PX) / GRAPH_Y_SPAN / (num_blocks - 1)
+    return max(1, math.ceil(BLOCK_LABEL_PX / max(spacing, 1e-9) - 1e-6))
+
+
+def mapping_graph(record: StepRecord, order: list[str], height: int = GRAPH_MAX_PX) -> go.Figure:
+    """Sequences on the left, physical blocks on the right (in id order); one edge per table entry. `height`
+    is the chart's height in pixels: where the blocks are too many for it, every k-th block is labelled
+    (the hover names each one)."""
     tables = _ordered_tables(record, order)
     g = nx.DiGraph()
     seq_nodes = [("seq", t.request_id) for t in tables]
-    blocks = sorted({b for t in tables for b in t.block_ids})
+    blocks = _blocks_in_tables(record)
     g.add_nodes_from(seq_nodes)
     g.add_nodes_from(("blk", b) for b in blocks)
     for t in tables:
@@ -91,9 +128,11 @@ def mapping_graph(record: StepRecord, order: list[str]) -> go.Figure:
         marker=dict(size=22, color=[request_color(n[1], order) for n in seq_nodes]),
         hovertext=[f"{n[1]}: {g.out_degree(n)} blocks" for n in seq_nodes], hoverinfo="text")
     indeg = {b: g.in_degree(("blk", b)) for b in blocks}
+    stride = label_stride(len(blocks), height)
     fig.add_scatter(
         x=[1.0] * len(blocks), y=[pos[("blk", b)][1] for b in blocks], mode="markers+text",
-        text=[str(b) for b in blocks], textposition="middle right", showlegend=False,
+        text=[str(b) if j % stride == 0 else "" for j, b in enumerate(blocks)], textposition="middle right",
+        showlegend=False,
         marker=dict(size=[14 + 6 * (indeg[b] - 1) for b in blocks], symbol="square",
                     color=[SHARED_COLOR if indeg[b] > 1 else owner_color(record.pool.owners[b], order) for b in blocks],
                     line=dict(color="#111827", width=[2 if indeg[b] > 1 else 0 for b in blocks])),

@@ -7,7 +7,7 @@ from engine.trace import StepRecord
 
 from app.analysis.trace_metrics import cow_events
 from app.charts.block_pool import block_pool_grid, waste_over_time
-from app.charts.block_tables import block_table_grid, mapping_graph
+from app.charts.block_tables import block_table_grid, mapping_graph, mapping_graph_height
 from app.session import EngineSession
 from app.theme import show_figure
 from app.widgets.explain import explanation
@@ -84,10 +84,10 @@ def tables_section(session: EngineSession, record: StepRecord) -> None:
     st.subheader("Block tables: logical → physical")
     left, right = st.columns([1.4, 1])
     with left:
-        h = max(120 + 52 * max(len(record.block_tables), 1), 260)
+        h = mapping_graph_height(record, max(120 + 52 * max(len(record.block_tables), 1), 260))
         show_figure(block_table_grid(record, session.request_order), key="paged-tables", height=h, export_width=800)
     with right:
-        show_figure(mapping_graph(record, session.request_order), key="paged-graph", height=h, export_width=600)
+        show_figure(mapping_graph(record, session.request_order, h), key="paged-graph", height=h, export_width=600)
 
 
 def waste_section(history: list[StepRecord]) -> None:

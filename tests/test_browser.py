@@ -427,6 +427,16 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
     shoot(page, "11_test_time_compute_measured")
+    # Budget forcing run to the end: forced " Wait," and answer cues in the strips, the thinking-budget chart
+    # (its budget labels over the plot ran into the legend at this width).
+    page.get_by_text("Budget forcing (s1)", exact=True).click()
+    click_button(page, "Apply and restart")
+    click_button(page, "Run to end")
+    assert_clean(page)
+    assert page.locator(".tt-cue").count() >= 8
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    shoot(page, "11_test_time_compute_budget_forcing")
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001

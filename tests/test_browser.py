@@ -197,6 +197,7 @@ def _plotly_page(pg, width: int, height: int) -> None:  # noqa: ANN001
     font = glob.glob(str(Path(streamlit.__file__).parent / "static" / "static" / "media" / "SourceSansVF-Upright*.woff2"))
     face = (f"@font-face {{ font-family: 'Source Sans'; src: url(data:font/woff2;base64,"
             f"{base64.b64encode(Path(font[0]).read_bytes()).decode()}) format('woff2'); }}") if font else ""
+    ARTIFACTS.mkdir(exist_ok=True)  # a fresh clone has none until a Streamlit server starts, and this runs first
     html = ARTIFACTS / "plotly_page.html"
     html.write_text(f"<html><head><style>{face}</style><script src='{js.as_uri()}'></script></head>"
                     f"<body><div class='chart' id='chart' style='width:{width}px;height:{height}px'></div></body></html>")

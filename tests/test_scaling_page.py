@@ -110,3 +110,23 @@ def test_measure_accuracy_vs_n(random_app: AppTest, monkeypatch) -> None:  # noq
     run = at.session_state[f"page-cache:{PREFIX}"]["accuracy"]
     assert run.n == 8 and len(run.outcomes) == 2
     assert any("Measured now" in c.value for c in at.caption)
+
+
+def test_closed_form_pass_at_n_uses_each_questions_p() -> None:
+    """The thin line beside the measured oracle: 1 - (1 - p)^N averaged over questions, each with its own p;
+    at N = 1 it is the single-sample accuracy, and it never falls as N grows."""
+    from engine.test_time import ScoredSample, TaskOutcome, TaskSetRun, accuracy_curve
+
+    from app.analysis.test_time import oracle_at, pass_at_n_closed_form
+
+    def outcome(right: int, of: int) -> TaskOutcome:
+        return TaskOutcome("q", "1", tuple(ScoredSample(i, "", "1" if i < right else "2", -1.0, 4, i < right)
+                                           for i in range(of)))
+
+    run = TaskSetRun((outcome(2, 8), outcome(0, 8), outcome(8, 8)), 8, 0.0, 0, 0, None)
+    closed = pass_at_n_closed_form(run, (1, 2, 4, 8))
+    assert closed[1] == (0.25 + 0 + 1) / 3
+    assert closed[4] == (1 - 0.75 ** 4 + 0 + 1) / 3
+    assert [closed[k] for k in (1, 2, 4, 8)] == sorted(closed[k] for k in (1, 2, 4, 8))
+    points = accuracy_curve(run, (1, 2, 4, 8))
+    assert oracle_at(points, 1) == closed[1] and oracle_at(points, 8) == 2 / 3  # the one hopeless question stays wrong

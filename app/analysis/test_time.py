@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.test_time import BudgetForcing, Task
+from engine.test_time import RULES, BudgetForcing, CurvePoint, Task, TaskSetRun
 from engine.tokenizer import Tokenizer
 
 from app.scenarios import RequestSpec, Scenario
@@ -140,3 +140,16 @@ def load_bench(path: Path = BENCH_FILE) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def pass_at_n_closed_form(run: TaskSetRun, ks: tuple[int, ...]) -> dict[int, float]:
+    """The explanation panel's pass@N = 1 - (1 - p)^N, averaged over the questions with each question's own
+    p (the share of its samples that are right): what an oracle over N independent samples is expected to
+    reach, to set beside the oracle line measured on disjoint groups of the same samples."""
+    ps = [sum(bool(s.correct) for s in o.samples) / len(o.samples) for o in run.outcomes if o.samples]
+    return {k: sum(1 - (1 - q) ** k for q in ps) / len(ps) if ps else 0.0 for k in ks}
+
+
+def oracle_at(points: list[CurvePoint], k: int) -> float:
+    """The measured oracle (pass@N) accuracy at N = k."""
+    return next(p.accuracy for p in points if p.rule == RULES[2] and p.k == k)

@@ -15,7 +15,10 @@ RULE_COLORS = {RULES[0]: TECHNIQUE_COLOR, RULES[1]: BASELINE_COLOR, RULES[2]: MU
 RULE_DASH = {RULES[0]: "solid", RULES[1]: "solid", RULES[2]: "dot"}
 
 
-def scaling_curve_figure(points: Sequence[CurvePoint], title: str = "Accuracy vs tokens spent") -> go.Figure:
+def scaling_curve_figure(points: Sequence[CurvePoint], title: str = "Accuracy vs tokens spent",
+                         closed_form: dict[int, float] | None = None) -> go.Figure:
+    """One line per selection rule; `closed_form` (N -> pass@N = 1 - (1 - p)^N from each question's p) is
+    drawn beside the measured oracle line, thin, so the formula and the measurement can be compared."""
     fig = go.Figure()
     for rule in RULES:
         pts = sorted((p for p in points if p.rule == rule), key=lambda p: p.k)
@@ -28,6 +31,14 @@ def scaling_curve_figure(points: Sequence[CurvePoint], title: str = "Accuracy vs
             hovertemplate=[f"{rule}<br>N = {p.k}: {100 * p.accuracy:.0f} % right<br>{p.tokens_per_question:.0f} "
                            f"tokens per question<br>{p.groups} groups judged<extra></extra>" for p in pts]))
     ks = sorted({p.k for p in points})
+    if closed_form:
+        tokens_at = {p.k: p.tokens_per_question for p in points}
+        drawn = [k for k in ks if k in closed_form]
+        fig.add_trace(go.Scatter(
+            x=[tokens_at[k] for k in drawn], y=[100 * closed_form[k] for k in drawn], name="1 − (1 − p)<sup>N</sup>",
+            mode="lines", line=dict(color=MUTED, width=1.5, dash="dashdot"),
+            hovertemplate=[f"closed form, each question's p<br>N = {k}: {100 * closed_form[k]:.0f} %<extra></extra>"
+                           for k in drawn]))
     single = next((p for p in points if p.k == 1), None)
     if single is not None:
         fig.add_hline(y=100 * single.accuracy, line=dict(color=ACCENT, width=1, dash="dash"))

@@ -11,9 +11,9 @@ from engine.test_time import TestTimeEngine, accuracy_curve, load_tasks, run_tas
 from engine.test_time.tasks import answer_key
 from engine.trace import StepRecord
 
-from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MODES, REQUEST_ID, RunSettings, answer_counts,
-                                    check_settings, load_bench, picks_by_sample, request_view, sample_rows,
-                                    task_settings)
+from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MODES, RunSettings, answer_counts,
+                                    check_settings, load_bench, oracle_at, pass_at_n_closed_form, picks_by_sample,
+                                    request_view, sample_rows, task_settings)
 from app.charts.block_tables import block_table_grid
 from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thinking_budget_figure
 from app.formatting import fmt_duration, plural
@@ -52,7 +52,7 @@ def test_time_explanation() -> None:
         "Inference-time compute scaling (best-of-N, self-consistency, s1 budget forcing)",
         [r"\text{pass@}N = 1 - (1 - p)^N",
          r"\hat{y}_{\text{maj}} = \arg\max_{y} \textstyle\sum_{i=1}^{N} [\,y_i = y\,]",
-         r"\text{self-certainty}(s) = \tfrac{1}{|s|} \textstyle\sum_{t \in s} \log p_\theta(t \mid \text{prefix})",
+         r"\text{self-certainty}(s) = \tfrac{1}{|s|} \textstyle\sum_{i} \log p_\theta(s_i \mid s_{<i})",
          r"\text{cost} \approx N \cdot \bar{n}_{\text{out}} \text{ decode tokens}",
          r"n_{\text{think}} < n_{\min}:\ \langle\text{end}\rangle \to \text{“Wait,”}",
          r"n_{\text{think}} = n_{\max}:\ \text{append “Final answer:”}"],
@@ -228,7 +228,8 @@ def accuracy_section(session: EngineSession, page: str) -> None:
         st.caption("Not measured yet in this session.")
     else:
         points = accuracy_curve(run, (1, 2, 4, 8))
-        show_figure(scaling_curve_figure(points), key="ttc-scaling", height=400)
+        closed = pass_at_n_closed_form(run, (1, 2, 4, 8))
+        show_figure(scaling_curve_figure(points, closed_form=closed), key="ttc-scaling", height=400)
         table = pd.DataFrame([{"N": p.k, "rule": p.rule, "accuracy (%)": round(100 * p.accuracy, 1),
                                "tokens per question": round(p.tokens_per_question, 1)} for p in points])
         st.dataframe(table.pivot(index="N", columns="rule", values="accuracy (%)").reset_index(), hide_index=True,
@@ -237,7 +238,11 @@ def accuracy_section(session: EngineSession, page: str) -> None:
         st.caption(f"Measured now: {fmt_duration(run.wall_seconds)}, {run.steps} engine steps, "
                    f"{run.tokens_computed:,} tokens computed; one sample is right {100 * single_sample_accuracy(run):.0f} % "
                    f"of the time; the best real rule here is {best.rule} at N = {best.k} "
-                   f"({100 * best.accuracy:.0f} %). The oracle line is what a perfect verifier would reach.")
+                   f"({100 * best.accuracy:.0f} %). The oracle line is what a perfect verifier would reach; the "
+                   f"thin line is the panel's 1 − (1 − p)^N with each question's p measured here "
+                   f"({100 * closed[8]:.0f} % at N = 8 against {100 * oracle_at(points, 8):.0f} % measured: the "
+                   f"formula draws with replacement, the groups here without, so at N = 8 the oracle is right "
+                   f"wherever any of a question's 8 samples is).")
     bench = load_bench()
     if bench and bench.get("budget"):
         with st.expander(":material/table_chart: Benchmark on this machine: accuracy vs thinking budget "

@@ -116,6 +116,8 @@ class LLMEngine:
         self.on_finish: Callable[[Sequence, str], None] | None = None
         # Called with (sequence, just-sampled token) before the stop checks; may return ForcedTokens to
         # write text into the sequence (budget forcing, engine/test_time/budget.py). None: keep the token.
+        # Not called for the tokens overlapped decode fills into placeholders (they are sampled a step late,
+        # after the next step was launched on them); TestTimeEngine therefore refuses overlapped decode.
         self.force_tokens: Callable[[Sequence, int], ForcedTokens | None] | None = None
         self.overlap = None
         if config.overlap_decode:

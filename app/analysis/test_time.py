@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,11 +129,8 @@ def sample_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def answer_counts(view: dict[str, Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for s in view["samples"]:
-        if s["answer"] is not None:
-            counts[s["answer"]] = counts.get(s["answer"], 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    """Samples per final answer, most voted first (ties in the order the answers first appear)."""
+    return dict(Counter(s["answer"] for s in view["samples"] if s["answer"] is not None).most_common())
 
 
 def load_bench(path: Path = BENCH_FILE) -> dict[str, Any] | None:

@@ -91,7 +91,10 @@ class BudgetForcer:
         policy = self.policies.get(seq.request_id)
         if policy is None:
             return None
-        return self.states.setdefault(seq.seq_id, BudgetState(policy))
+        st = self.states.get(seq.seq_id)
+        if st is None:  # not setdefault: that would build a throw-away state for every sampled token
+            st = self.states[seq.seq_id] = BudgetState(policy)
+        return st
 
     def _force(self, st: BudgetState, start: int, tokens: tuple[int, ...], replace: bool, label: str) -> ForcedTokens:
         first = start if replace else start + 1  # output position of the first forced token

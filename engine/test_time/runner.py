@@ -65,6 +65,10 @@ class TestTimeEngine:
 
     def step(self) -> StepRecord:
         record = self.engine.step()
+        if self.engine.config.trace_detail == "light":
+            # As LLMEngine's light trace does: no per-sample picture (it detokenises and scores every
+            # sample every step); `scored` still answers once the run is over (run_task_set's case).
+            return record
         return dataclasses.replace(record, extras=record.extras + (("test_time", self.snapshot()),))
 
     # ---- views ------------------------------------------------------------------------------------

@@ -226,22 +226,60 @@ def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_we
     from kernels.ceilings import Ceilings
 
     engine = LLMEngine(EngineConfig(num_blocks=32, max_model_len=256, weights="random"), random_weights)
-    engine.add_request("Explain in two sentences why a KV cache makes decoding faster.", SamplingParams(max_tokens=3))
-    records = [engine.step() for _ in range(3)]
+    engine.add_request("Explain in two sentences why a KV cache makes decoding faster.", SamplingParams(max_tokens=5))
+    records = [engine.step() for _ in range(5)]
     steps = [family_points(kernel_points(r)) for r in records]
     ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
     pg = ctx.new_page()
     _plotly_page(pg, 820, 560)  # the chart's size on the page at 1280 pixels, sidebar open
     try:
-        for flops in (2e10, 8.27e10, 3e11, 2e12):
+        for flops in (2e10, 8.27e10, 3e11, 3.75e11, 2e12):
             for bandwidth in (5e9, 2e10, 8e10):
                 c = Ceilings(flops, bandwidth, "a sweep", "float32")
-                for i, now in enumerate(steps[:2]):
-                    others = phase_points([p for j, s in enumerate(steps) if j != i for p in s])
+                for i, now in enumerate(steps):  # each step selected as the page shows it: the earlier ones faded
+                    others = phase_points([p for s in steps[:i] for p in s])
                     fig = roofline_chart(c, now, others, "Step on the roofline")
                     fig.update_layout(template=TEMPLATE, width=820, height=560)
                     _draw(pg, fig)
                     assert_chart_text_apart(pg, ".chart")
+    finally:
+        ctx.close()
+
+
+def test_roofline_label_boxes_are_where_plotly_draws_them(browser) -> None:  # noqa: ANN001
+    """The roofline places its labels from estimated boxes. Plotly sets a marker's text off by the marker's radius
+    (plotly.js Drawing.textPointPosition); an estimate that put every label 9 px sideways and 3 px up or down let
+    the summed "linear layers" run into "lm_head" at 1280 pixels on a CI run. Each textposition beside both marker
+    sizes the chart uses, drawn in Chromium: the estimated box is within 3 px of the drawn text at its top, bottom
+    and the edge beside the marker, and reaches at least as far as the text on the other side."""
+    import plotly.graph_objects as go
+
+    from app.charts.roofline import CURRENT_MARKER, EARLIER_MARKER, _label_box
+
+    ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+    pg = ctx.new_page()
+    _plotly_page(pg, 820, 560)
+    plot_w, plot_h = 620, 460  # 820 x 560 less the margins below
+    dx, dy = 2 / plot_w, 2 / plot_h  # decades per pixel: both axes span 1 to 100
+    try:
+        for marker_px, font_px in (CURRENT_MARKER, EARLIER_MARKER):
+            for pos in ("top left", "middle left", "bottom left", "top right", "middle right", "bottom right"):
+                fig = go.Figure(go.Scatter(x=[10], y=[10], mode="markers+text", text=["linear layers"],
+                                           textposition=pos, textfont=dict(size=font_px), marker=dict(size=marker_px)))
+                fig.update_layout(width=820, height=560, margin=dict(l=100, r=100, t=50, b=50), showlegend=False,
+                                  font=dict(family="Source Sans"), xaxis=dict(type="log", range=[0, 2]),
+                                  yaxis=dict(type="log", range=[0, 2]))
+                _draw(pg, fig)
+                drawn = pg.evaluate("""() => { const t = document.querySelector('.scatterlayer text').getBoundingClientRect();
+                    const a = document.querySelector('.nsewdrag').getBoundingClientRect();
+                    return [t.left - a.left, t.right - a.left, a.bottom - t.bottom, a.bottom - t.top]; }""")
+                x0, x1, y0, y1 = _label_box(1.0, 1.0, pos, "linear layers", marker_px, font_px, dx, dy)
+                est = [x0 / dx, x1 / dx, y0 / dy, y1 / dy]  # px from the plot's left and bottom edges
+                near, far = (0, 1) if pos.endswith("right") else (1, 0)  # the edge beside the marker, the other
+                assert abs(est[near] - drawn[near]) <= 3, (marker_px, pos, est, drawn)
+                # The width is a generous 0.56 em a character, so the far edge may reach past the text, not short.
+                assert (est[far] - drawn[far]) * (1 if far else -1) >= -1, (marker_px, pos, est, drawn)
+                assert abs(est[2] - drawn[2]) <= 3 and abs(est[3] - drawn[3]) <= 3, (marker_px, pos, est, drawn)
     finally:
         ctx.close()
 

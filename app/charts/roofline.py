@@ -54,28 +54,48 @@ Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in log10 data units
 PLOT_PX = (509.0, 422.0)
 
 
+# How Plotly sets a marker's text off its centre (plotly.js Drawing.textPointPosition): r = radius / 0.8 + 1
+# pixels sideways for a left / right label; the baseline 0.75 font + s·r + (s - 1)·font / 2 below the centre,
+# s = -1 / 0 / +1 for top / middle / bottom. Chromium's box of a Source Sans line reaches 1.0 font above its
+# baseline and 0.36 below. (Modelled as 9 px sideways and 3 px up or down for every marker, a "top" label sat
+# 6 px higher than estimated: at 1280 pixels the summed "linear layers" ran into "lm_head" on a CI run.)
+CURRENT_MARKER = (15.0, 11.0)  # marker size and font of the selected step's points, px
+EARLIER_MARKER = (11.0, 10.0)  # the run's other steps
+
+
+def _label_box(lx: float, ly: float, pos: str, text: str, marker_px: float, font_px: float, dx: float,
+               dy: float) -> Box:
+    """The log-space box of `text` drawn at textposition `pos` beside a marker of size `marker_px`."""
+    vert, horiz = pos.split()
+    r = marker_px / 2 / 0.8 + 1
+    w = len(text) * 0.564 * font_px * dx  # 6.2 px a character at 11 px
+    x0 = lx + r * dx if horiz == "right" else lx - r * dx - w
+    s = {"top": -1, "middle": 0, "bottom": 1}[vert]
+    baseline_below = 0.75 * font_px + s * r + (s - 1) * font_px / 2
+    top, bottom = font_px - baseline_below, -baseline_below - 0.36 * font_px  # px above the centre
+    return (x0, x0 + w, ly + bottom * dy, ly + top * dy)
+
+
 def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[float, float],
                  y_span: tuple[float, float], width_px: float = PLOT_PX[0], height_px: float = PLOT_PX[1],
-                 obstacles: list[Box] = ()) -> list[str]:
+                 obstacles: list[Box] = (), markers: list[tuple[float, float]] | None = None) -> list[str]:
     """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other,
     the markers and `obstacles` (the roof's own labels, the ridge marker) and stay inside the plot: greedy, in
-    log space, with box sizes estimated from the font. A label that finds no free place gets "" (no text; the hover
-    still names the point): overlapping text is worse on a projector than a point without a label."""
+    log space, with each box placed where Plotly draws it (`markers`: each point's marker size and font in px,
+    CURRENT_MARKER for all by default). A label that finds no free place gets "" (no text; the hover still
+    names the point): overlapping text is worse on a projector than a point without a label."""
     dx, dy = _decades_per_px(x_span, y_span, width_px, height_px)
+    markers = markers or [CURRENT_MARKER] * len(items)
     marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
               for x, y, _, _ in items]
     placed: list[Box] = list(obstacles)
     inside = (math.log10(x_span[0]), math.log10(x_span[1]), math.log10(y_span[0]), math.log10(y_span[1]))
     out = []
-    for i, (x, y, text, right) in enumerate(items):
+    for i, ((x, y, text, right), (marker_px, font_px)) in enumerate(zip(items, markers)):
         lx, ly = math.log10(x), math.log10(y)
-        w, h, gap = len(text) * 6.2 * dx, 15 * dy, 9 * dx  # 11-pixel text: a line is 15 px high
         best, best_hits, best_box = "", None, None
         for pos in (_RIGHT if right else _LEFT):
-            vert, horiz = pos.split()
-            x0 = lx + gap if horiz == "right" else lx - gap - w
-            y0 = {"middle": ly - h / 2, "top": ly + 0.2 * h, "bottom": ly - 1.2 * h}[vert]
-            box = (x0, x0 + w, y0, y0 + h)
+            box = _label_box(lx, ly, pos, text, marker_px, font_px, dx, dy)
             # 3 px to spare between texts: Plotly offsets text from a marker by its radius, which the estimate
             # does not model, and two labels 2 px into each other read as one. Markers are boxes of their own.
             px, py = 3 * dx, 3 * dy
@@ -176,8 +196,9 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
                        or (p.family == "linear" and p.name not in FAMILY_OF)]  # the summed "linear layers" point
     items = [(p.intensity, p.flops_per_s, point_label(p), True) for p in now]
     items += [(p.intensity, p.flops_per_s, point_label(p), False) for p in others_labelled]
+    markers = [CURRENT_MARKER] * len(now) + [EARLIER_MARKER] * len(others_labelled)
     positions = dict(zip([id(p) for p in now + others_labelled], place_labels(items, (x_lo, x_hi), (y_lo, y_hi),
-                                                                                  obstacles=obstacles)))
+                                                                                  obstacles=obstacles, markers=markers)))
     for phase in ("prefill", "mixed", "decode"):
         pts = [p for p in earlier if p.phase == phase]
         if not pts:
@@ -192,8 +213,8 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
             name=f"other {phase} steps (summed)", legendgroup=f"other-{phase}", showlegend=False,
             text=[point_label(p) if positions.get(id(p)) else "" for p in pts],
             textposition=[positions.get(id(p)) or "middle left" for p in pts],
-            textfont=dict(size=10, color=PHASE_COLORS[phase]),
-            marker=dict(size=11, color=PHASE_COLORS[phase], opacity=0.35,
+            textfont=dict(size=EARLIER_MARKER[1], color=PHASE_COLORS[phase]),
+            marker=dict(size=EARLIER_MARKER[0], color=PHASE_COLORS[phase], opacity=0.35,
                         symbol=[FAMILY_SYMBOLS[p.family] for p in pts]),
             customdata=[[p.name, p.calls, p.bytes_per_s] for p in pts],
             hovertemplate=f"all other {phase} steps: " + "%{customdata[0]} × %{customdata[1]} calls"
@@ -207,8 +228,10 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
         fig.add_scatter(
             x=[p.intensity for p in pts], y=[p.flops_per_s for p in pts], mode="markers+text",
             name=f"{FAMILY_NAMES[family]} (this step)", text=[point_label(p) if positions[id(p)] else "" for p in pts],
-            textposition=[positions[id(p)] or "middle right" for p in pts], textfont=dict(size=11, color="#1F2937"),
-            marker=dict(size=15, color=color, symbol=FAMILY_SYMBOLS[family], line=dict(color="#1F2937", width=1)),
+            textposition=[positions[id(p)] or "middle right" for p in pts],
+            textfont=dict(size=CURRENT_MARKER[1], color="#1F2937"),
+            marker=dict(size=CURRENT_MARKER[0], color=color, symbol=FAMILY_SYMBOLS[family],
+                        line=dict(color="#1F2937", width=1)),
             customdata=[[p.name, p.calls, p.seconds * 1e3, p.bytes_per_s, c.attainable(p.intensity)] for p in pts],
             hovertemplate="<b>%{customdata[0]}</b> × %{customdata[1]} calls, %{customdata[2]:.2f} ms"
                           "<br>I = %{x:.3g} FLOP/byte<br>achieved %{y:.3s}FLOP/s (%{customdata[3]:.3s}B/s)"

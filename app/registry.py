@@ -74,6 +74,11 @@ PAGES: tuple[PageSpec, ...] = (
              "Heads on the model's own hidden states draft a tree; one pass with a tree attention mask verifies "
              "every branch: the tree step by step, its mask, τ over time, tree size vs cost, Medusa vs EAGLE.",
              ":material/park:", "pages/08_medusa_eagle.py", "medusa-eagle"),
+    PageSpec("Constrained decoding", "Scheduling and decoding",
+             "A JSON schema, a regex or a list of choices masks the logits before every token: what the grammar "
+             "allowed, where it overrode the model, jump-forward over text with no choice, and free vs masked "
+             "output measured on the same prompt.",
+             ":material/data_object:", "pages/12_constrained_decoding.py", "constrained-decoding"),
     PageSpec("Disaggregated prefill/decode", "Serving",
              "A prefill worker and a decode worker with their own KV pools: the prompt's KV blocks handed over "
              "through shared memory, both workers on one time axis, and colocated vs chunked vs disaggregated "

@@ -119,6 +119,11 @@ class LLMEngine:
         # Not called for the tokens overlapped decode fills into placeholders (they are sampled a step late,
         # after the next step was launched on them); TestTimeEngine therefore refuses overlapped decode.
         self.force_tokens: Callable[[Sequence, int], ForcedTokens | None] | None = None
+        # Called with (sequence, its logits row) before a token is sampled from them; returns the logits to
+        # sample from (constrained decoding masks the tokens a grammar forbids, engine/constrained). Rows
+        # then skip the batched greedy argmax. Like force_tokens, not called for overlapped decode's
+        # placeholder tokens nor for tokens a speculative verification accepts; ConstrainedEngine refuses both.
+        self.process_logits: Callable[[Sequence, torch.Tensor], torch.Tensor] | None = None
         self.overlap = None
         if config.overlap_decode:
             from engine.overlap import DecodePipeline
@@ -369,13 +374,19 @@ class LLMEngine:
             # row never needs its own logits view (indexing a tensor costs microseconds a row).
             greedy = logits.argmax(-1).tolist() if logits.shape[0] else []
             for seq, i in samplers:
-                if seq.params.greedy and seq.params.n == 1 and not seq.params.logprobs:
+                if (seq.params.greedy and seq.params.n == 1 and not seq.params.logprobs
+                        and self.process_logits is None):
                     self._sample_into(seq, None, step, now, emitted, finished, greedy[i])
                     continue
+                # n > 1: the other samples fork off the first before it samples, since a first token that
+                # ends it (max_tokens = 1, an end of turn, forced text that ends the turn) frees its blocks.
+                # Their tokens are still listed after the first sample's.
+                forked: list[EmittedToken] = []
+                for child in self._pending_children(seq):
+                    self._fork(seq, child, logits[i], step, now, forked, finished)
                 self._sample_into(seq, logits[i], step, now, emitted, finished,
                                   greedy[i] if seq.params.greedy else None)
-                for child in self._pending_children(seq):
-                    self._fork(seq, child, logits[i], step, now, emitted, finished)
+                emitted.extend(forked)
         wall = time.perf_counter() - t0
         self.clock += wall
         record = self._record(step, wall, forward_seconds, batch_view, emitted, sched.preempted, finished)
@@ -420,6 +431,9 @@ class LLMEngine:
                      at: int | None = None) -> None:
         """Append the sampled (or given) token, or with `at` put it in place of a pending
         placeholder (overlapped decode); then check the stop conditions."""
+        if logits is not None and at is None and self.process_logits is not None:
+            logits = self.process_logits(seq, logits)
+            token = None  # a greedy argmax taken before processing is stale
         if token is None:
             token = sample_next(logits, seq.params, seq.generator)
         logprob = None

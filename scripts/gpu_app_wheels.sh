@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Wheels for running the app's pages on a GPU machine that cannot reach a package index: Streamlit and
-# Plotly at the versions requirements.txt pins, plus those of their dependencies a CUDA image with
-# PyTorch, pandas, pyarrow, numpy, jinja2 and attrs lacks (about 22 MB in all; with every dependency
-# it would be several times that). Not pydeck (11 MB): no page draws a map, Streamlit imports it only
-# for one, and the device tool carries at most 64 MiB with the working tree (33 MB of it now).
+# Wheels for running the app's pages on a GPU machine that cannot reach a package index: Streamlit,
+# Plotly and llguidance (constrained decoding) at the versions requirements.txt pins, plus those of
+# their dependencies a CUDA image with PyTorch, pandas, pyarrow, numpy, jinja2 and attrs lacks (about
+# 25 MB in all, llguidance 3 MB of it; with every dependency it would be several times that). Not
+# pydeck (11 MB): no page draws a map, Streamlit imports it only for one, and the device tool carries
+# at most 64 MiB with the working tree (33 MB of it now).
 # Downloaded here, copied there, installed there with
 #
 #   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl
@@ -23,3 +24,8 @@ rpds-py==0.30.0"
 python3 -m pip download --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$dir" $pins $extra
+# llguidance has one wheel per platform for every Python >= 3.9 (abi3), built for glibc 2.31+: the
+# platforms above do not take it, so it gets its own line rather than widening the one above.
+llguidance=$(grep -E '^llguidance==' requirements.txt | sed 's/[[:space:]].*//')
+python3 -m pip download --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
+    --platform manylinux_2_31_x86_64 -d "$dir" "$llguidance"

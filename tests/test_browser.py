@@ -478,6 +478,43 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     shoot(page, "11_test_time_compute_budget_forcing")
 
 
+def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
+    """The person-record preset on a projector, run to its end: one token strip with jump-forward tokens, the
+    mask chart whose token labels stay apart, a valid result; then the free-vs-masked comparison, whose
+    free run is judged invalid and masked runs valid; a bad hand-written grammar is a message that keeps
+    the run."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "constrained-decoding")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 2
+    step(page, 1, settle=False)
+    click_button(page, "Run to end")
+    assert_clean(page)
+    assert page.locator(".cd-strip").count() == 1 and page.locator(".cd-forced").count() >= 1
+    assert "valid ✓" in page.locator(".cd-head").first.inner_text()
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "12_constrained_decoding_end")
+    click_button(page, "Run the comparison")
+    assert_clean(page)
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="with and without the grammar")
+    chart.wait_for()
+    text = chart.inner_text()
+    assert "not valid ✗" in text and text.count("valid ✓") >= 3
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    shoot(page, "12_constrained_decoding_compared")
+    records = page.get_by_text("steps recorded", exact=False).first.inner_text()
+    page.get_by_text("Regular expression", exact=True).click()
+    page.get_by_label("JSON schema, regular expression, or choices (one per line)").fill("([a-z")
+    click_button(page, "Apply and restart")
+    error = page.locator('[data-testid="stAlertContentError"]')
+    assert error.count() == 1 and "regular expression is not usable" in error.inner_text()
+    assert page.get_by_text("steps recorded", exact=False).first.inner_text() == records  # the run is still there
+
+
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     # A projector's width, where presentation mode's large metric values used to be cut off.
     page.set_viewport_size(PROJECTOR)

@@ -1,0 +1,294 @@
+"""Sections of the constrained decoding page (pages/12_constrained_decoding.py composes them)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pandas as pd
+import streamlit as st
+
+from engine.config import EngineConfig
+from engine.constrained import ConstrainedEngine, Constraint
+from engine.constrained.presets import PRESETS
+from engine.trace import StepRecord
+
+from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, RunSettings, bench_tables, check_settings,
+                                      load_bench, mode_rows, modes_for, preset_by_name, preset_settings,
+                                      request_view, run_modes, summarize, token_rows)
+from app.charts.constrained import mask_figure, modes_figure
+from app.formatting import fmt_duration, plural
+from app.session import EngineSession
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.constrained_strip import constrained_strips
+from app.widgets.controls import follow_latest
+from app.widgets.explain import explanation
+
+OWN = "Your own (edit below)"
+KIND_LABELS = {"json_schema": "JSON schema", "regex": "Regular expression", "choice": "Choice (one per line)",
+               "none": "None (free text)"}
+
+
+def engine_factory(settings: RunSettings) -> Callable[[EngineConfig, Any], ConstrainedEngine]:
+    return lambda config, weights: ConstrainedEngine(config, weights, constraint=settings.constraint,
+                                                     jump_forward=settings.jump_forward)
+
+
+def settings_key(page: str) -> str:
+    return f"{page}-settings"
+
+
+def current_settings(page: str) -> RunSettings:
+    return st.session_state.setdefault(settings_key(page), preset_settings())
+
+
+def constrained_explanation() -> None:
+    explanation(
+        "Constrained decoding: mask, then sample",
+        [r"A(s) = \{\, t \in V : \text{out} \cdot t \in \operatorname{Pre}(L(G)) \,\}",
+         r"\tilde p(t \mid x) = \frac{p(t \mid x)\,[\,t \in A(s)\,]}{\sum_{u \in A(s)} p(u \mid x)}",
+         r"|A(s)| = 1 \Rightarrow \text{no choice: write it (jump-forward)}"],
+        ["Before every sampled token the grammar G (a JSON schema, a regular expression or a list of choices) "
+         "computes A(s), the tokens that keep the output a prefix of a valid string; every other logit becomes "
+         "−∞. Whatever is then sampled, greedy or not, the output stays valid.",
+         "**Blue** tokens were the model's own first choice; **orange** ones were steered: the model's favourite "
+         "was forbidden (hover a token for its five favourites, ✗ = forbidden).",
+         "**Grey**: the grammar allowed one token, so a whole forward pass decided nothing. **Jump-forward** "
+         "writes such text without sampling (**green**); the next step computes it as a small chunk.",
+         "The lower chart is the probability the model put on forbidden tokens: where it is high the grammar "
+         "overrides the model, and the answer may be valid yet wrong.",
+         "**Compare** runs the same prompt free, masked and with jump-forward: validity, steps and the cost of "
+         "the mask."],
+        note=f"Pre(L(G)): every prefix of a string the grammar accepts; out · t: the output so far with token t "
+             f"appended. Masks come from llguidance (the grammar engine behind the guidance backend of vLLM and SGLang): it "
+             f"walks a trie of the vocabulary's byte strings against the grammar's state, so a mask over "
+             f"{49152:,} tokens costs microseconds. Probabilities are the model's own (softmax of its logits, "
+             f"temperature 1) before the mask.",
+    )
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+def _keys(page: str) -> dict[str, str]:
+    return {k: f"{page}-{k}" for k in ("preset", "prompt", "kind", "spec", "layout", "jf", "max", "temp", "seed", "n")}
+
+
+def _load_form(page: str, s: RunSettings) -> None:
+    k, ss = _keys(page), st.session_state
+    ss[k["prompt"]] = s.prompt
+    ss[k["kind"]] = s.constraint.kind if s.constraint else "none"
+    ss[k["spec"]] = s.constraint.spec if s.constraint else ""
+    ss[k["layout"]] = s.constraint.json_layout if s.constraint else "flexible"
+    ss[k["jf"]] = s.jump_forward
+    ss[k["max"]], ss[k["temp"]], ss[k["seed"]], ss[k["n"]] = s.max_tokens, s.temperature, s.seed, s.n
+
+
+def _restart(session: EngineSession, page: str, settings: RunSettings) -> None:
+    old = session.engine_factory
+    session.engine_factory = engine_factory(settings)
+    if session.reset(settings.scenario()):
+        st.session_state[settings_key(page)] = settings
+        st.session_state[f"{page}-playing"] = False
+        follow_latest(page)
+    else:
+        session.engine_factory = old
+
+
+def _pick_preset(session: EngineSession, page: str) -> None:
+    name = st.session_state[_keys(page)["preset"]]
+    preset = preset_by_name(name)
+    if preset is None:  # "your own": keep the fields as they are, to be edited
+        return
+    session.clear_input_errors()
+    settings = preset_settings(preset, jump_forward=bool(st.session_state.get(_keys(page)["jf"], True)))
+    _load_form(page, settings)
+    _restart(session, page, settings)
+
+
+def _apply(session: EngineSession, page: str) -> None:
+    k, ss = _keys(page), st.session_state
+    session.clear_input_errors()
+    kind = ss.get(k["kind"], "none")
+    constraint = None if kind == "none" else Constraint(kind, ss.get(k["spec"], ""), json_layout=ss.get(k["layout"], "flexible"))
+    preset = preset_by_name(ss.get(k["preset"], ""))
+    if preset is not None and (constraint is None or constraint.spec != preset.constraint.spec
+                               or ss.get(k["prompt"], "") != preset.prompt):
+        ss[k["preset"]] = OWN  # edited: no longer the preset it started from
+    elif preset is not None:
+        constraint = Constraint(kind, constraint.spec, preset.constraint.name, constraint.json_layout)
+    try:
+        settings = check_settings(ss.get(k["prompt"], ""), constraint, bool(ss.get(k["jf"], True)),
+                                  int(ss.get(k["max"], 0)), float(ss.get(k["temp"], 0.0)), int(ss.get(k["seed"], 0)),
+                                  int(ss.get(k["n"], 1)), session.weights.tokenizer,
+                                  preset.name if preset is not None and ss[k["preset"]] != OWN else "")
+    except ValueError as e:
+        session.report(f"Run not started: {e} The run shown below is unchanged.")
+        return
+    _restart(session, page, settings)
+
+
+def settings_form(session: EngineSession, page: str) -> None:
+    k, ss = _keys(page), st.session_state
+    s = current_settings(page)
+    if k["prompt"] not in ss:
+        _load_form(page, s)
+    names = [p.name for p in PRESETS] + [OWN]
+    ss.setdefault(k["preset"], s.preset if s.preset in names else OWN)
+    with st.expander(":material/tune: Prompt and grammar", expanded=True):
+        c = st.columns([2, 3])
+        c[0].selectbox("Preset (starts it at once)", names, key=k["preset"], on_change=_pick_preset,
+                       args=(session, page))
+        preset = preset_by_name(ss[k["preset"]])
+        if preset is not None:
+            c[1].caption(f":material/lightbulb: {preset.lesson}")
+        with st.form(f"{page}-form", border=False):
+            st.text_area("Prompt (a user turn of the chat template)", key=k["prompt"], height=80)
+            c = st.columns([1.1, 2.9])
+            c[0].radio("Grammar", list(KIND_LABELS), format_func=KIND_LABELS.get, key=k["kind"])
+            c[1].text_area("JSON schema, regular expression, or choices (one per line)", key=k["spec"], height=180)
+            g = st.columns([1.2, 1.3, 1, 1, 1])
+            g[0].radio("JSON layout", ["flexible", "compact"], key=k["layout"], horizontal=True,
+                       help="flexible: whitespace allowed between JSON tokens, so the model lays the JSON out as it "
+                            "learned to; compact: none, so jump-forward can write more, but the model is pushed "
+                            "off its own layout")
+            g[1].toggle("Jump-forward", key=k["jf"],
+                        help="write text the grammar allows in one way only without sampling it")
+            g[2].number_input("Max tokens", step=8, key=k["max"], help=f"1 to {MAX_OUTPUT_TOKENS}")
+            g[3].number_input("Temperature", step=0.1, key=k["temp"], help="0 = greedy")
+            g[4].number_input("Samples", step=1, key=k["n"], help=f"1 to {MAX_SAMPLES}; more than 1 needs a temperature")
+            st.number_input("Seed", step=1, key=k["seed"])
+            st.form_submit_button("Apply and restart", icon=":material/restart_alt:", on_click=_apply,
+                                  args=(session, page))
+
+
+# ---- the selected step ---------------------------------------------------------------------------
+
+def _batch_line(record: StepRecord) -> str:
+    if not record.batch:
+        return f"Step {record.step}: nothing to compute."
+    parts = []
+    for b in record.batch:
+        what = "prompt" if b.context_len - b.num_tokens == 0 else (
+            "jump-forward text + last token" if b.num_tokens > 1 else "1 token")
+        parts.append(f"{b.request_id}: {plural(b.num_tokens, 'token')} ({what})")
+    forced = sum(1 for e in record.emitted if e.forced)
+    tail = f" · jump-forward wrote {plural(forced, 'token')}" if forced else ""
+    return (f":material/memory: Step {record.step} computed {plural(record.num_batched_tokens, 'token')} in "
+            f"{fmt_duration(record.wall_seconds)}: " + " · ".join(parts) + tail)
+
+
+def step_section(session: EngineSession, record: StepRecord, history: list[StepRecord], page: str) -> None:
+    extra = record.extra("constrained") or {}
+    ids = list(extra.get("requests", {}))
+    if not ids:
+        st.caption("No request yet.")
+        return
+    rid = st.selectbox("Request", ids, key=f"{page}-request") if len(ids) > 1 else ids[0]
+    view = request_view(extra, rid)
+    samples = view["samples"]
+    if not samples or not samples[0]["events"]:
+        st.markdown(_batch_line(record))
+        st.caption("The prompt is being computed; the first output token and its mask come with the next step.")
+        return
+    prev = request_view(history[-2].extra("constrained"), rid) if len(history) > 1 else None
+    previous = {s["label"]: len(s["events"]) for s in prev["samples"]} if prev else {}
+    s0 = samples[0]
+    summary = summarize(s0)
+    last = next((e for e in reversed(s0["events"]) if e["allowed"] is not None), None)
+    kinds = summary.kinds
+    m = st.columns(5)
+    m[0].metric("Output tokens", summary.tokens, help=f"of {s0['label']}")
+    m[1].metric("Steered", kinds.get("steered", 0), help="tokens where the model's first choice was forbidden")
+    m[2].metric("No choice", kinds.get("only", 0) + kinds.get("forced", 0),
+                help="tokens the grammar allowed in one way only: sampled anyway (grey) or written by jump-forward "
+                     "(green)")
+    m[3].metric("Allowed at the last token", "–" if last is None else f"{last['allowed']:,}",
+                help=f"of the {session.engine.tokenizer.vocab_size:,} tokens of the vocabulary")
+    m[4].metric("Mask per token", f"{summary.mean_mask_us:.0f} µs" if summary.masked_tokens else "–",
+                help="computing the grammar's bitmask and unpacking it, averaged over this sample's sampled tokens; "
+                     f"this step took {fmt_duration(record.wall_seconds)}")
+    constraint = view["constraint"]
+    if constraint is not None:
+        compile_s = view.get("compile_seconds")
+        st.caption(f"Grammar: **{constraint['name'] or constraint['kind']}** ({constraint['kind'].replace('_', ' ')}"
+                   f"{', ' + constraint['json_layout'] + ' JSON' if constraint['kind'] == 'json_schema' else ''}), "
+                   f"jump-forward {'on' if view['jump_forward'] else 'off'}"
+                   + (f"; its matcher was built in {fmt_duration(compile_s)}" if compile_s else ""))
+    st.markdown(_batch_line(record))
+    constrained_strips(samples, previous, session.weights.tokenizer)
+    label = st.selectbox("Sample", [s["label"] for s in samples], key=f"{page}-sample") if len(samples) > 1 else s0["label"]
+    sample = next(s for s in samples if s["label"] == label)
+    show_figure(mask_figure(sample, session.engine.tokenizer.vocab_size, session.weights.tokenizer),
+                key="cd-mask", height=460)
+    with st.expander(":material/table_rows: Every output token: allowed, wanted, written"):
+        st.dataframe(pd.DataFrame(token_rows(sample, session.weights.tokenizer)), hide_index=True, width="stretch")
+
+
+# ---- free vs masked vs jump-forward --------------------------------------------------------------
+
+def _compare(session: EngineSession, page: str) -> None:
+    settings = current_settings(page)
+    try:
+        runs = run_modes(settings, session.weights, session.server)
+    except Exception as e:  # noqa: BLE001 (a failed comparison is a message; the page and its run stay)
+        session.report(f"The comparison failed: {type(e).__name__}: {e}")
+        return
+    page_cache(page)["modes"] = (settings, runs)
+
+
+def _masked_verdict(runs: list) -> str:
+    """A masked run is valid unless it stopped before the grammar was complete (max tokens), which the mask
+    cannot prevent: it only keeps what is written a prefix of a valid string."""
+    cut = [r.mode for r in runs if not r.valid and r.finish_reason == "length"]
+    broken = [f"{r.mode} (ended by {r.finish_reason})" for r in runs if not r.valid and r.finish_reason != "length"]
+    if not cut and not broken:
+        return "Both masked runs are valid."
+    out = ""
+    if cut:
+        out += (f"{' and '.join(cut)} stopped at max tokens before the grammar was complete: the mask keeps the "
+                "output a prefix of a valid string, only the end of the grammar makes it whole (raise max tokens, or "
+                "bound strings with maxLength). ")
+    if broken:
+        out += f"Not valid although the grammar ended them: {', '.join(broken)}; that is a bug. "
+    return out.strip()
+
+
+def compare_section(session: EngineSession, page: str) -> None:
+    st.subheader("Free vs masked vs jump-forward")
+    settings = current_settings(page)
+    if settings.constraint is None:
+        st.caption("The run above has no grammar: pick one to compare.")
+        return
+    modes = modes_for(settings.constraint)
+    st.caption(f"The current prompt, greedy, on {len(modes)} fresh engines: {', '.join(modes)}. Every output is "
+               "judged by the current grammar (JSON may have whitespace anywhere). A few seconds on 2 CPU cores.")
+    st.button("Run the comparison", key=f"{page}-compare", icon=":material/compare_arrows:", on_click=_compare,
+              args=(session, page))
+    cached = page_cache(page).get("modes")
+    if cached is None:
+        st.caption("Not run yet in this session.")
+        return
+    ran_with, runs = cached
+    if ran_with != settings:
+        st.caption(":material/info: Measured for an earlier prompt or grammar; run it again for the current one.")
+    show_figure(modes_figure(runs), key="cd-modes", height=380)
+    st.dataframe(pd.DataFrame(mode_rows(runs)), hide_index=True, width="stretch")
+    free = next((r for r in runs if r.mode == MODES[0]), None)
+    jf = next((r for r in runs if r.mode == MODES[2]), None)
+    masked = next((r for r in runs if r.mode == MODES[1]), None)
+    if free and masked and jf:
+        st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {_masked_verdict([masked, jf])} Jump-forward "
+                   f"took {plural(masked.steps - jf.steps, 'step')} fewer than the mask alone ({masked.steps} → "
+                   f"{jf.steps}); the masks cost {1e3 * masked.mask_seconds:.1f} ms in all against "
+                   f"{masked.wall_seconds:.2f} s of engine time.")
+    bench = load_bench()
+    if bench and bench.get("greedy"):
+        greedy, sampled = bench_tables(bench)
+        with st.expander(":material/table_chart: Benchmark on this machine: every preset, every mode "
+                         "(bench/constrained_decoding.py)"):
+            st.dataframe(pd.DataFrame(greedy), hide_index=True, width="stretch")
+            if sampled:
+                st.markdown("**Sampled answers that are valid** (one request with several samples at a temperature, "
+                            "per preset):")
+                st.dataframe(pd.DataFrame(sampled), hide_index=True, width="stretch")
+            if bench.get("note"):
+                st.caption(bench["note"])

@@ -32,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results_io import write_results  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.constrained import ConstrainedEngine, Constraint, accepts  # noqa: E402
+from engine.constrained.constraint import parses_as_json  # noqa: E402
 from engine.constrained.presets import PRESETS, Preset  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
 
-KINDS = ("free", "steered", "only", "forced")  # "unconstrained": every token of a run without a grammar
+EVENT_KINDS = ("free", "steered", "only", "forced")  # "unconstrained": every token of a run without a grammar
 
 
 def _modes(preset: Preset) -> list[tuple[str, Constraint | None, bool]]:
@@ -47,13 +48,6 @@ def _modes(preset: Preset) -> list[tuple[str, Constraint | None, bool]]:
         modes.append(("compact + jump-forward", dataclasses.replace(c, json_layout="compact"), True))
     return modes
 
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _sync(device: str) -> None:
@@ -87,7 +81,12 @@ def mask_stats(run: dict) -> dict:
     """The mask's cost over every masked token of a run (kinds free / steered / only; forced tokens and
     unconstrained runs have none): per token, and as a share of the run's StepRecord wall seconds."""
     masked = [e["mask_seconds"] for s in run["samples"] for e in s["events"] if e["allowed"] is not None]
+    # The logits hook's whole work per masked token: the mask, plus the statistics the page draws (softmax,
+    # top 5, forbidden probability), which a server without the page would not compute.
+    hooks = [e["hook_seconds"] for s in run["samples"] for e in s["events"] if e["allowed"] is not None]
     return {"masked_tokens": len(masked), "mask_seconds": round(sum(masked), 6),
+            "hook_us_mean": round(sum(hooks) / len(hooks) * 1e6, 1) if hooks else None,
+            "hook_share_of_step_wall": round(sum(hooks) / max(run["step_wall_seconds"], 1e-12), 4),
             "mask_us_mean": round(sum(masked) / len(masked) * 1e6, 1) if masked else None,
             "mask_us_max": round(max(masked) * 1e6, 1) if masked else None,
             "mask_share_of_step_wall": round(sum(masked) / max(run["step_wall_seconds"], 1e-12), 4)}
@@ -96,11 +95,11 @@ def mask_stats(run: dict) -> dict:
 def greedy_row(preset: Preset, mode: str, run: dict, tokenizer) -> dict:
     sample = run["samples"][0]
     text, events = sample["text"], sample["events"]
-    counts = {k: sum(e["kind"] == k for e in events) for k in (*KINDS, "unconstrained")}
+    counts = {k: sum(e["kind"] == k for e in events) for k in (*EVENT_KINDS, "unconstrained")}
     is_json = preset.constraint.kind == "json_schema"
     return {
         "preset": preset.name, "mode": mode, "valid": accepts(preset.constraint, text, tokenizer),
-        "parses_as_json": _parses(text) if is_json else None, "output_tokens": len(events),
+        "parses_as_json": parses_as_json(text) if is_json else None, "output_tokens": len(events),
         "steps": run["steps"], "forward_passes": run["forward_passes"], "wall_seconds": round(run["wall_seconds"], 4),
         "step_wall_seconds": round(run["step_wall_seconds"], 4),
         "compile_ms": round(run["compile_seconds"] * 1e3, 2) if run["compile_seconds"] is not None else None,
@@ -130,7 +129,7 @@ def measure(engines: dict[bool, ConstrainedEngine], args: argparse.Namespace, to
             out(f"{preset.name[:35]:<36}{mode:<24}{'yes' if r['valid'] else 'no':>6}{js:>6}{r['output_tokens']:>7}"
                 f"{r['steps']:>6}{r['forward_passes']:>5}{r['wall_seconds']:>8.2f}{mean:>9}{mx:>8}"
                 f"{100 * r['mask_share_of_step_wall']:>6.1f}%  "
-                f"{'/'.join(str(ev[k]) for k in KINDS) if constraint else '-':<23}{r['finish_reason']:<7}")
+                f"{'/'.join(str(ev[k]) for k in EVENT_KINDS) if constraint else '-':<23}{r['finish_reason']:<7}")
     out("\ntexts:")
     for r in rows:
         out(f"  {r['preset'][:28]:<29}{r['mode']:<24}{json.dumps(r['text'])[:100]}")
@@ -213,6 +212,8 @@ def main() -> None:
         "mask_us_mean_all": round(sum(r["mask_seconds"] for r in constrained) / max(masked_tokens, 1) * 1e6, 1),
         "mask_share_of_step_wall_masked_runs": round(
             sum(r["mask_share_of_step_wall"] for r in constrained) / len(constrained), 4),
+        "hook_share_of_step_wall_masked_runs": round(
+            sum(r["hook_share_of_step_wall"] for r in constrained) / len(constrained), 4),
     }
     print(f"\ngreedy: valid free {100 * summary['greedy_valid_free']:.0f}%, masked "
           f"{100 * summary['greedy_valid_masked']:.0f}%, jump-forward {100 * summary['greedy_valid_jump_forward']:.0f}% "
@@ -225,6 +226,8 @@ def main() -> None:
               f"(saved {s['steps_saved']}, same text as masked: {'yes' if s['same_text'] else 'no'})")
     print(f"mask: {summary['mask_us_mean_all']} us per masked token on average, "
           f"{100 * summary['mask_share_of_step_wall_masked_runs']:.1f}% of the steps' wall time "
+          f"(the whole logits hook with the page's statistics: "
+          f"{100 * summary['hook_share_of_step_wall_masked_runs']:.1f}%) "
           "(mean over the constrained greedy runs)")
 
     device = torch.cuda.get_device_name() if gpu else "cpu"

@@ -120,8 +120,9 @@ class LLMEngine:
         # after the next step was launched on them); TestTimeEngine therefore refuses overlapped decode.
         self.force_tokens: Callable[[Sequence, int], ForcedTokens | None] | None = None
         # Called with (sequence, its logits row) before a token is sampled from them; returns the logits to
-        # sample from (constrained decoding masks the tokens a grammar forbids, engine/constrained). Rows
-        # then skip the batched greedy argmax. Like force_tokens, not called for overlapped decode's
+        # sample from (constrained decoding masks the tokens a grammar forbids, engine/constrained), as a new
+        # tensor: the row is shared by a request's samples. Rows then skip the batched greedy argmax, and
+        # SamplingParams(logprobs=True) reports log-probabilities of the returned logits. Like force_tokens, not called for overlapped decode's
         # placeholder tokens nor for tokens a speculative verification accepts; ConstrainedEngine refuses both.
         self.process_logits: Callable[[Sequence, torch.Tensor], torch.Tensor] | None = None
         self.overlap = None
@@ -380,13 +381,15 @@ class LLMEngine:
                     continue
                 # n > 1: the other samples fork off the first before it samples, since a first token that
                 # ends it (max_tokens = 1, an end of turn, forced text that ends the turn) frees its blocks.
-                # Their tokens are still listed after the first sample's.
+                # Their tokens, and their ends, are still listed after the first sample's.
                 forked: list[EmittedToken] = []
+                forked_finished: list[str] = []
                 for child in self._pending_children(seq):
-                    self._fork(seq, child, logits[i], step, now, forked, finished)
+                    self._fork(seq, child, logits[i], step, now, forked, forked_finished)
                 self._sample_into(seq, logits[i], step, now, emitted, finished,
                                   greedy[i] if seq.params.greedy else None)
                 emitted.extend(forked)
+                finished.extend(forked_finished)
         wall = time.perf_counter() - t0
         self.clock += wall
         record = self._record(step, wall, forward_seconds, batch_view, emitted, sched.preempted, finished)

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.constrained import ConstrainedEngine, Constraint, accepts, problem_with
+from engine.constrained.constraint import as_sentence, parses_as_json
 from engine.constrained.presets import PRESETS, Preset
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -91,7 +92,7 @@ def check_settings(prompt: str, constraint: Constraint | None, jump_forward: boo
     if constraint is not None:
         problem = problem_with(constraint, tokenizer)
         if problem is not None:
-            raise ValueError(problem[0].upper() + problem[1:] + ".")
+            raise ValueError(as_sentence(problem))
     if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
         raise ValueError(f"Max tokens must be from 1 to {MAX_OUTPUT_TOKENS}, got {max_tokens!r}.")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and 0 <= temperature <= 2):
@@ -139,17 +140,23 @@ class SampleSummary:
     mask_seconds: float  # all the masks of this sample
     masked_tokens: int  # tokens sampled under a mask
     forbidden_mass: float  # mean probability the grammar took away, over masked tokens
+    hook_seconds: float = 0.0  # the logits hook's whole work on those tokens (mask + statistics)
 
     @property
     def mean_mask_us(self) -> float:
         return 1e6 * self.mask_seconds / self.masked_tokens if self.masked_tokens else 0.0
+
+    @property
+    def mean_hook_us(self) -> float:
+        return 1e6 * self.hook_seconds / self.masked_tokens if self.masked_tokens else 0.0
 
 
 def summarize(sample: dict[str, Any]) -> SampleSummary:
     events = sample["events"]
     masked = [e for e in events if e["masked_mass"] is not None]
     return SampleSummary(len(events), dict(Counter(e["kind"] for e in events)), sum(e["mask_seconds"] for e in masked),
-                         len(masked), sum(e["masked_mass"] for e in masked) / len(masked) if masked else 0.0)
+                         len(masked), sum(e["masked_mass"] for e in masked) / len(masked) if masked else 0.0,
+                         sum(e.get("hook_seconds", 0.0) for e in masked))
 
 
 # ---- the same prompt, three ways -----------------------------------------------------------------
@@ -197,17 +204,9 @@ def run_modes(settings: RunSettings, weights: LoadedWeights, server: dict[str, A
         judge = settings.constraint
         s = summarize(sample)
         out.append(ModeRun(mode, sample["text"], accepts(judge, sample["text"], engine.tokenizer) if judge else None,
-                           _parses(sample["text"]) if judge and judge.kind == "json_schema" else None,
+                           parses_as_json(sample["text"]) if judge and judge.kind == "json_schema" else None,
                            s.tokens, steps, wall, s.mask_seconds, s.kinds, sample["finish_reason"]))
     return out
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 def mode_rows(runs: list[ModeRun]) -> list[dict[str, Any]]:

@@ -18,6 +18,9 @@ KIND_COLORS = {"free": "#0072B2", "unconstrained": "#0072B2", "steered": ACCENT,
 
 
 MAX_TICK_LABELS = 18
+# One width for every kind's bars: overlaid traces otherwise size their bars from their own x spacing, and
+# forced tokens three positions apart drew bars three positions wide.
+BAR_WIDTH = 0.8
 
 
 def _short(text: str) -> str:
@@ -26,6 +29,20 @@ def _short(text: str) -> str:
 
 def _nth(k: int) -> str:
     return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
+
+
+def _allowed_height(event: dict[str, Any], vocab_size: int) -> int:
+    if event["kind"] == "unconstrained":
+        return vocab_size
+    return event["allowed"] or 1
+
+
+def _allowed_text(event: dict[str, Any]) -> str:
+    if event["kind"] == "unconstrained":
+        return "no grammar: every token allowed"
+    if event["allowed"] is None:
+        return "written without sampling"
+    return f"{event['allowed']:,} tokens allowed"
 
 
 def mask_figure(sample: dict[str, Any], vocab_size: int, tokenizer: Tokenizer,
@@ -41,16 +58,18 @@ def mask_figure(sample: dict[str, Any], vocab_size: int, tokenizer: Tokenizer,
         idx = [i for i, e in enumerate(events) if e["kind"] == kind]
         if not idx:
             continue
+        # No grammar: the whole vocabulary was allowed. Forced: nothing was sampled; drawn at 1, the one way on.
         fig.add_trace(go.Bar(
-            x=idx, y=[events[i]["allowed"] or 1 for i in idx], name=KIND_NAMES[kind], marker_color=KIND_COLORS[kind],
-            hovertemplate=[f"#{i} “{labels[i]}”<br>{KIND_NAMES[kind]}<br>"
-                           + (f"{events[i]['allowed']:,} tokens allowed" if events[i]["allowed"] is not None
-                              else "written without sampling") + "<extra></extra>" for i in idx]),
+            x=idx, y=[_allowed_height(events[i], vocab_size) for i in idx], name=KIND_NAMES[kind],
+            marker_color=KIND_COLORS[kind], width=BAR_WIDTH,
+            hovertemplate=[f"#{i} “{labels[i]}”<br>{KIND_NAMES[kind]}<br>{_allowed_text(events[i])}<extra></extra>"
+                           for i in idx]),
             row=1, col=1)
         masked = [i for i in idx if events[i]["masked_mass"] is not None]
         if masked:
             fig.add_trace(go.Bar(
                 x=masked, y=[100 * events[i]["masked_mass"] for i in masked], marker_color=KIND_COLORS[kind],
+                width=BAR_WIDTH,
                 showlegend=False, name=KIND_NAMES[kind],
                 hovertemplate=[f"#{i} “{labels[i]}”<br>{100 * events[i]['masked_mass']:.1f} % of the model's "
                                "probability was on forbidden tokens<extra></extra>" for i in masked]),
@@ -70,7 +89,7 @@ def mask_figure(sample: dict[str, Any], vocab_size: int, tokenizer: Tokenizer,
                    ticktext=["1", "10", "100", "1k", "10k"]),
         yaxis2=dict(title="p forbidden (%)", range=[0, 105]),
         xaxis2=dict(**tick), margin=dict(l=70, r=20, t=90, b=90),
-        legend=dict(orientation="h", y=-0.5))
+        legend=dict(orientation="h", y=-0.3, yanchor="top"))  # pinned under the axis title (theme.place_legend)
     return fig
 
 

@@ -162,13 +162,31 @@ def settings_form(session: EngineSession, page: str) -> None:
 
 # ---- the selected step ---------------------------------------------------------------------------
 
+def _forced_before(extra: dict[str, Any], step: int) -> dict[str, int]:
+    """Sample label -> tokens jump-forward wrote in `step` (the next step computes them as one chunk)."""
+    out: dict[str, int] = {}
+    for view in extra.get("requests", {}).values():
+        for s in view["samples"]:
+            n = sum(1 for e in s["events"] if e["kind"] == "forced" and e["step"] == step)
+            if n:
+                out[s["label"]] = n
+    return out
+
+
 def _batch_line(record: StepRecord) -> str:
     if not record.batch:
         return f"Step {record.step}: nothing to compute."
+    forced_last_step = _forced_before(record.extra("constrained") or {}, record.step - 1)
     parts = []
     for b in record.batch:
-        what = "prompt" if b.context_len - b.num_tokens == 0 else (
-            "jump-forward text + last token" if b.num_tokens > 1 else "1 token")
+        if b.context_len == b.num_tokens:
+            what = "prompt"
+        elif b.request_id in forced_last_step:
+            what = f"the last sampled token + {plural(forced_last_step[b.request_id], 'token')} of jump-forward text"
+        elif b.num_tokens > 1:
+            what = "a chunk: the prompt's rest, or a recompute"
+        else:
+            what = "1 token"
         parts.append(f"{b.request_id}: {plural(b.num_tokens, 'token')} ({what})")
     forced = sum(1 for e in record.emitted if e.forced)
     tail = f" · jump-forward wrote {plural(forced, 'token')}" if forced else ""
@@ -204,8 +222,10 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[3].metric("Allowed at the last token", "–" if last is None else f"{last['allowed']:,}",
                 help=f"of the {session.engine.tokenizer.vocab_size:,} tokens of the vocabulary")
     m[4].metric("Mask per token", f"{summary.mean_mask_us:.0f} µs" if summary.masked_tokens else "–",
-                help="computing the grammar's bitmask and unpacking it, averaged over this sample's sampled tokens; "
-                     f"this step took {fmt_duration(record.wall_seconds)}")
+                help="llguidance computing the grammar's bitmask, and its unpacking, averaged over this sample's "
+                     f"sampled tokens; with the statistics this page draws (the model's softmax, its top 5 and the "
+                     f"forbidden probability) the logits hook took {summary.mean_hook_us:.0f} µs a token; this step "
+                     f"took {fmt_duration(record.wall_seconds)}")
     constraint = view["constraint"]
     if constraint is not None:
         compile_s = view.get("compile_seconds")
@@ -218,7 +238,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     label = st.selectbox("Sample", [s["label"] for s in samples], key=f"{page}-sample") if len(samples) > 1 else s0["label"]
     sample = next(s for s in samples if s["label"] == label)
     show_figure(mask_figure(sample, session.engine.tokenizer.vocab_size, session.weights.tokenizer),
-                key="cd-mask", height=460)
+                key="cd-mask", height=540)
     with st.expander(":material/table_rows: Every output token: allowed, wanted, written"):
         st.dataframe(pd.DataFrame(token_rows(sample, session.weights.tokenizer)), hide_index=True, width="stretch")
 
@@ -276,10 +296,14 @@ def compare_section(session: EngineSession, page: str) -> None:
     jf = next((r for r in runs if r.mode == MODES[2]), None)
     masked = next((r for r in runs if r.mode == MODES[1]), None)
     if free and masked and jf:
-        st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {_masked_verdict([masked, jf])} Jump-forward "
-                   f"took {plural(masked.steps - jf.steps, 'step')} fewer than the mask alone ({masked.steps} → "
-                   f"{jf.steps}); the masks cost {1e3 * masked.mask_seconds:.1f} ms in all against "
-                   f"{masked.wall_seconds:.2f} s of engine time.")
+        saved = masked.steps - jf.steps
+        steps = (f"Jump-forward took {plural(saved, 'step')} fewer than the mask alone ({masked.steps} → {jf.steps})"
+                 if saved > 0 else f"Jump-forward saved no step here ({masked.steps} → {jf.steps})")
+        if jf.text != masked.text:
+            steps += ", and wrote a different text: forced text is computed as one chunk, which may round differently"
+        st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {_masked_verdict([masked, jf])} {steps}; the "
+                   f"masks cost {1e3 * masked.mask_seconds:.1f} ms in all against {masked.wall_seconds:.2f} s of "
+                   "engine time.")
     bench = load_bench()
     if bench and bench.get("greedy"):
         greedy, sampled = bench_tables(bench)

@@ -26,7 +26,8 @@ _CSS = """
 .cd-new { box-shadow: 0 0 0 2px #F0C808; }
 </style>
 """
-LEGEND = ("blue: the model's own first choice · orange: steered (the model's first choice was forbidden) · grey: "
+LEGEND = ("blue: the model's first choice was allowed (greedy: and taken) · orange: steered (the model's first choice "
+          "was forbidden) · grey: "
           "the only token the grammar allowed (a forward pass with no choice) · green: written by jump-forward, "
           "no sampling · yellow ring: new in this step · hover a token for the model's five favourites there")
 

@@ -26,14 +26,27 @@ JSON_LAYOUTS: tuple[JsonLayout, ...] = ("flexible", "compact")
 FLEXIBLE_WHITESPACE = r"[ \t\n]{0,32}"
 
 
+def as_sentence(problem: str) -> str:
+    """A `problem()` phrase as the sentence an error message shows."""
+    return problem[0].upper() + problem[1:] + "."
+
+
+def parses_as_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def first_line(error: str) -> str:
     """llguidance's messages carry a source excerpt over several lines: keep the line that says where and the
     one that says why ("error: unclosed character class"), if there is one."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]
     if not lines:
         return error.strip()
-    why = next((line for line in lines[1:] if line.lower().startswith("error:")), "")
-    return lines[0].rstrip(":") + (f" ({why[len('error:'):].strip()})" if why else "")
+    why = next((line[len("error:"):].strip() for line in lines[1:] if line.lower().startswith("error:")), "")
+    return lines[0].rstrip(":") + (f" ({why})" if why and why not in lines[0] else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,9 @@ class Constraint:
                     "choice": "there are no choices: write one per line"}[self.kind]
         if len(self.spec) > MAX_SPEC_CHARS:
             return f"the {self.label} is {len(self.spec):,} characters long; at most {MAX_SPEC_CHARS:,}"
+        if self.kind == "regex" and (len(self.spec) - len(self.spec.rstrip("\\"))) % 2 == 1:
+            # llguidance drops a dangling escape without a word ("a\\" becomes "a"), so say it here.
+            return "the regular expression ends in a lone backslash: escape it as \\\\ or remove it"
         try:
             grammar = self.grammar()
         except ValueError as e:
@@ -102,4 +118,4 @@ class Constraint:
     def check(self) -> None:
         problem = self.problem()
         if problem is not None:
-            raise ValueError(problem[0].upper() + problem[1:] + ".")
+            raise ValueError(as_sentence(problem))

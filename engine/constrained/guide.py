@@ -44,7 +44,7 @@ class SequenceGuide:
         self.tokenizer = tokenizer
         self.matcher = LLMatcher(_ll_tokenizer(tokenizer), constraint.grammar(), log_level=0)
         if self.matcher.is_error():
-            raise ValueError(f"the {constraint.label} is not usable: {self.matcher.get_error()}")
+            raise ValueError(f"the {constraint.label} is not usable: {first_line(self.matcher.get_error())}")
         self.vocab = tokenizer.vocab_size
         self._bits = np.zeros((1, (self.vocab + 31) // 32), dtype=np.int32)
         self.build_seconds = time.perf_counter() - t0
@@ -93,16 +93,25 @@ class SequenceGuide:
         return first_line(self.matcher.get_error()) if self.matcher.is_error() else ""
 
 
+@functools.lru_cache(maxsize=64)
 def problem_with(constraint: Constraint, tokenizer: Tokenizer) -> str | None:
     r"""`Constraint.problem()`, and then whether the grammar lets the model start at all: a grammar such as
-    `[^\s\S]` is well-formed but accepts no text, which only shows once a matcher computes a first mask."""
+    `[^\s\S]` is well-formed but accepts no text, which only shows once a matcher computes a first mask; and
+    a grammar too complex for llguidance's limits fails only then too. Cached: a page checks the same
+    constraint before a run and again in every engine it builds, and a large one takes a second to build."""
     problem = constraint.problem()
     if problem is not None:
         return problem
-    guide = SequenceGuide(constraint, tokenizer)
+    try:
+        guide = SequenceGuide(constraint, tokenizer)
+    except ValueError as e:
+        return str(e)
     mask = guide.mask()
-    if guide.error or mask.count == 0:
+    # llguidance's "NoExtensionBias": no token extends the empty output, the grammar's language is empty.
+    if mask.count == 0 or guide.error.startswith("NoExtension"):
         return f"the {constraint.label} accepts no text at all: no token can start it"
+    if guide.error:  # e.g. a grammar beyond llguidance's size limits ("too many expressions constructed")
+        return f"the {constraint.label} is not usable: {guide.error}"
     return None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.constrained.constraint import Constraint
+from engine.constrained.constraint import Constraint, as_sentence
 from engine.constrained.guide import SequenceGuide, accepts, problem_with
 from engine.engine import LLMEngine, Prompt
 from engine.sampling_params import SamplingParams
@@ -47,7 +47,8 @@ class TokenEvent:
     chosen_prob: float | None = None  # the model's unconstrained probability of this token
     masked_mass: float | None = None  # the model's probability on tokens the grammar forbade
     top: tuple[tuple[int, float, bool], ...] = ()  # (token, unconstrained probability, allowed) of the top TOP
-    mask_seconds: float = 0.0
+    mask_seconds: float = 0.0  # llguidance's bitmask and its unpacking
+    hook_seconds: float = 0.0  # everything the engine's logits hook did for this token (mask + statistics)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class _Pending:
     masked_mass: float | None
     mask_seconds: float
     probs: torch.Tensor  # unconstrained softmax of the row
+    hook_seconds: float  # the whole hook: mask, softmax, top tokens, masked probability
 
 
 class ConstrainedEngine:
@@ -80,6 +82,9 @@ class ConstrainedEngine:
         self._pending: dict[int, _Pending] = {}
         self._valid: dict[int, bool] = {}  # seq id -> whether its finished text is in the language
         self._checked: set[Constraint] = set()
+        self._event_dicts: dict[int, list[dict[str, Any]]] = {}  # seq id -> its events as snapshot dicts
+        self._texts: dict[int, tuple[int, str]] = {}  # seq id -> (tokens decoded, text)
+        self._seqs: dict[str, list[Sequence]] = {}  # request id -> its samples, once all exist
         self.engine.process_logits = self._process_logits
         self.engine.force_tokens = self._after_token
         if constraint is not None:
@@ -107,7 +112,7 @@ class ConstrainedEngine:
             return
         problem = problem_with(constraint, self.engine.tokenizer)
         if problem is not None:
-            raise ValueError(problem[0].upper() + problem[1:] + ".")
+            raise ValueError(as_sentence(problem))
         self._checked.add(constraint)
 
     def has_work(self) -> bool:
@@ -131,36 +136,45 @@ class ConstrainedEngine:
         return guide
 
     def _process_logits(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(logits.float(), dim=-1)
+        """Mask the row (a new tensor: the row is shared with the request's other samples) and note what the
+        model wanted: its top TOP tokens, and the probability it put on forbidden ones."""
+        t0 = time.perf_counter()
         guide = self._guide(seq)
+        mask = guide.mask() if guide is not None else None
+        probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = torch.topk(probs, TOP)
-        if guide is None:
-            top = tuple((int(i), float(p), True) for p, i in zip(top_p, top_i))
-            self._pending[seq.seq_id] = _Pending(self.engine.step_index, None, top, None, 0.0, probs)
-            return logits
-        mask = guide.mask()
-        allowed = mask.allowed.to(logits.device)
-        top = tuple((int(i), float(p), bool(allowed[i])) for p, i in zip(top_p, top_i))
-        masked_mass = float(probs[~allowed].sum())
-        self._pending[seq.seq_id] = _Pending(self.engine.step_index, mask.count, top, masked_mass, mask.seconds, probs)
-        return logits.masked_fill(~allowed, float("-inf"))
+        allowed = None if mask is None else mask.allowed.to(logits.device, non_blocking=True)
+        kept = probs.sum() if allowed is None else torch.dot(probs, allowed.to(probs.dtype))
+        values = torch.cat([top_p, top_i.to(probs.dtype), kept.view(1)]).tolist()  # one device-to-host copy
+        ids = [int(i) for i in values[TOP:2 * TOP]]
+        flags = [True] * TOP if mask is None else mask.allowed[ids].tolist()
+        top = tuple(zip(ids, values[:TOP], flags))
+        out = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        self._pending[seq.seq_id] = _Pending(
+            self.engine.step_index, None if mask is None else mask.count, top,
+            None if mask is None else max(0.0, 1.0 - values[-1]), 0.0 if mask is None else mask.seconds, probs,
+            time.perf_counter() - t0)
+        return out
+
+    def _add(self, seq_id: int, event: TokenEvent) -> None:
+        self.events.setdefault(seq_id, []).append(event)
+        self._event_dicts.setdefault(seq_id, []).append(dataclasses.asdict(event))  # converted once, shared by records
 
     def _after_token(self, seq: Sequence, token: int) -> ForcedTokens | None:
         pending = self._pending.pop(seq.seq_id, None)
+        if pending is None:
+            # Every sampled token passes _process_logits first; without it the grammar would fall out of step.
+            raise RuntimeError(f"{seq.label}: token {token} was sampled without going through the grammar's mask")
         guide = self._guide(seq)
-        events = self.events.setdefault(seq.seq_id, [])
-        step = self.engine.step_index
-        if pending is None:  # never happens for a sampled token; kept so a bug shows as a plain event
-            events.append(TokenEvent(step, token, "unconstrained" if guide is None else "free"))
-            return None
         if guide is None:
             kind = "unconstrained"
         elif pending.allowed == 1:
             kind = "only"
         else:
             kind = "free" if pending.probs_top[0][2] else "steered"
-        events.append(TokenEvent(pending.step, token, kind, pending.allowed, float(pending.probs[token]),
-                                 pending.masked_mass, pending.probs_top, pending.mask_seconds))
+        self._add(seq.seq_id, TokenEvent(pending.step, token, kind, pending.allowed, float(pending.probs[token]),
+                                         pending.masked_mass, pending.probs_top, pending.mask_seconds,
+                                         pending.hook_seconds))
         if guide is None:
             return None
         guide.advance(token)
@@ -170,7 +184,8 @@ class ConstrainedEngine:
         forced = guide.forced(seq.params.max_tokens - seq.output_len - 1)
         if not forced:
             return None
-        events.extend(TokenEvent(step, t, "forced") for t in forced)
+        for t in forced:
+            self._add(seq.seq_id, TokenEvent(self.engine.step_index, t, "forced"))
         return ForcedTokens(tuple(forced), replace=False, label="grammar")
 
     # ---- views ------------------------------------------------------------------------------------
@@ -183,21 +198,34 @@ class ConstrainedEngine:
         return self._valid[seq.seq_id]
 
     def sequences(self, request_id: str) -> list[Sequence]:
-        return sorted((s for s in self.engine.sequences if s.request_id == request_id), key=lambda s: s.index)
+        seqs = self._seqs.get(request_id)
+        if seqs is None:
+            seqs = sorted((s for s in self.engine.sequences if s.request_id == request_id), key=lambda s: s.index)
+            if seqs and len(seqs) == seqs[0].params.n:  # all of the request's samples exist: keep the list
+                self._seqs[request_id] = seqs
+        return seqs
+
+    def _text(self, seq: Sequence) -> str:
+        """The output so far, decoded again only when it has grown (the snapshot asks every step)."""
+        cached = self._texts.get(seq.seq_id)
+        if cached is None or cached[0] != seq.num_tokens:
+            cached = self._texts[seq.seq_id] = (seq.num_tokens, self.engine.tokenizer.decode(
+                seq.output_ids, skip_special_tokens=True))
+        return cached[1]
 
     def snapshot(self) -> dict[str, Any]:
-        """Per request: its grammar, and per sample the tokens so far with their events (JSON-able)."""
-        tok = self.engine.tokenizer
+        """Per request: its grammar, and per sample the tokens so far with their events (JSON-able). Events are
+        dicts converted once; each snapshot holds a new list of the same dicts, so a step's record costs one
+        reference per token, not a copy of every event."""
         requests = {}
         for rid, constraint in self.constraints.items():
             samples = []
             for seq in self.sequences(rid):
                 guide = self.guides.get(seq.seq_id)
-                events = self.events.get(seq.seq_id, [])
-                text = tok.decode(seq.output_ids, skip_special_tokens=True)
+                text = self._text(seq)
                 samples.append({
                     "label": seq.label, "status": seq.status.value, "finish_reason": seq.finish_reason,
-                    "text": text, "events": [dataclasses.asdict(e) for e in events],
+                    "text": text, "events": list(self._event_dicts.get(seq.seq_id, ())),
                     "accepting": guide.accepting if guide is not None else None,
                     "error": guide.error if guide is not None else "",
                     "valid": self._judge(seq, constraint, text),

@@ -40,10 +40,12 @@ from engine.weights import load_weights  # noqa: E402
 EVENT_KINDS = ("free", "steered", "only", "forced")  # "unconstrained": every token of a run without a grammar
 
 
-def _modes(preset: Preset) -> list[tuple[str, Constraint | None, bool]]:
-    """(mode, constraint, jump_forward) for every greedy run of a preset."""
+def _modes(preset: Preset) -> list[tuple[str, Constraint | None, bool | str]]:
+    """(mode, constraint, engine key: jump_forward, or "late" for jump-forward with masks computed after the
+    forward pass instead of during it) for every greedy run of a preset."""
     c = preset.constraint
-    modes = [("free", None, False), ("masked", c, False), ("jump-forward", c, True)]
+    modes = [("free", None, False), ("masked", c, False), ("jump-forward", c, True),
+             ("jump-forward, late masks", c, "late")]
     if c.kind == "json_schema":
         modes.append(("compact + jump-forward", dataclasses.replace(c, json_layout="compact"), True))
     return modes
@@ -84,7 +86,12 @@ def mask_stats(run: dict) -> dict:
     # The logits hook's whole work per masked token: the mask, plus the statistics the page draws (softmax,
     # top 5, forbidden probability), which a server without the page would not compute.
     hooks = [e["hook_seconds"] for s in run["samples"] for e in s["events"] if e["allowed"] is not None]
+    # What sampling waited for the masks after the forward pass: all of each mask when it is computed then
+    # (late), what was left of it when it was started early, during the pass.
+    waits = [e["mask_wait_seconds"] for s in run["samples"] for e in s["events"] if e["allowed"] is not None]
     return {"masked_tokens": len(masked), "mask_seconds": round(sum(masked), 6),
+            "wait_us_mean": round(sum(waits) / len(waits) * 1e6, 1) if waits else None,
+            "wait_share_of_step_wall": round(sum(waits) / max(run["step_wall_seconds"], 1e-12), 4),
             "hook_us_mean": round(sum(hooks) / len(hooks) * 1e6, 1) if hooks else None,
             "hook_share_of_step_wall": round(sum(hooks) / max(run["step_wall_seconds"], 1e-12), 4),
             "mask_us_mean": round(sum(masked) / len(masked) * 1e6, 1) if masked else None,
@@ -179,12 +186,14 @@ def main() -> None:
     # untimed: the first forward passes and llguidance's view of the vocabulary (~0.3 s, cached per
     # tokenizer); on the GPU every run once (Triton compiles, CUDA graphs captured for the same shapes).
     engines = {jf: ConstrainedEngine(cfg, weights, jump_forward=jf) for jf in (False, True)}
+    engines["late"] = ConstrainedEngine(cfg, weights, jump_forward=True, early_masks=False)
     tokenizer = engines[False].tokenizer
     if gpu:
         measure(engines, args, tokenizer, quiet=True)
     else:
         for p in PRESETS:
             serve(engines[True], p, p.constraint, SamplingParams(max_tokens=4))
+            serve(engines["late"], p, p.constraint, SamplingParams(max_tokens=4))
             serve(engines[False], p, None, SamplingParams(max_tokens=4))
     rows, sampled = measure(engines, args, tokenizer)
 
@@ -192,6 +201,7 @@ def main() -> None:
         return {r["preset"]: r for r in rows if r["mode"] == mode}
 
     free, masked, jf, compact = by("free"), by("masked"), by("jump-forward"), by("compact + jump-forward")
+    late = by("jump-forward, late masks")
     constrained = [r for r in rows if r["mode"] != "free"]
     masked_tokens = sum(r["masked_tokens"] for r in constrained)
     summary = {
@@ -212,6 +222,9 @@ def main() -> None:
         "mask_us_mean_all": round(sum(r["mask_seconds"] for r in constrained) / max(masked_tokens, 1) * 1e6, 1),
         "mask_share_of_step_wall_masked_runs": round(
             sum(r["mask_share_of_step_wall"] for r in constrained) / len(constrained), 4),
+        # Early masks: the share of step time sampling waited for masks, jump-forward runs, early vs late.
+        "wait_share_of_step_wall_early": round(sum(r["wait_share_of_step_wall"] for r in jf.values()) / len(jf), 4),
+        "wait_share_of_step_wall_late": round(sum(r["wait_share_of_step_wall"] for r in late.values()) / len(late), 4),
         "hook_share_of_step_wall_masked_runs": round(
             sum(r["hook_share_of_step_wall"] for r in constrained) / len(constrained), 4),
     }
@@ -229,6 +242,9 @@ def main() -> None:
           f"(the whole logits hook with the page's statistics: "
           f"{100 * summary['hook_share_of_step_wall_masked_runs']:.1f}%) "
           "(mean over the constrained greedy runs)")
+    print(f"sampling waited for masks: {100 * summary['wait_share_of_step_wall_early']:.2f}% of step time with early "
+          f"masks, {100 * summary['wait_share_of_step_wall_late']:.2f}% with masks computed after the forward pass "
+          "(jump-forward runs)")
 
     device = torch.cuda.get_device_name() if gpu else "cpu"
     name = f"constrained_decoding_{'cuda_h200' if gpu else 'cpu'}.json"

@@ -554,3 +554,41 @@ def test_compact_json_has_no_whitespace_outside_strings(preset_runs, real_weight
     _replay(compact, run.events(), real_weights.tokenizer, jump_forward=True, greedy=True)
     # The flexible layout of the same preset is laid out with whitespace (so the check above can fail).
     assert _whitespace_outside_strings(preset_runs[(preset.name, True)].sample()["text"])
+
+
+# ---- early masks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", [PERSON, SENTIMENT], ids=lambda p: p.constraint.name)
+def test_early_masks_change_no_token_and_no_mask(real_weights: LoadedWeights, preset, one_torch_thread) -> None:  # noqa: ANN001
+    """A mask computed on the worker thread while the forward pass runs is the mask computed after it: the same
+    tokens, the same allowed counts and kinds, with snapshots taken every step (they read the guide's state
+    while the next mask may be computing). Without early masks sampling waits for the whole mask."""
+    runs = {}
+    for early in (False, True):
+        engine = ConstrainedEngine(_real_config(), real_weights, constraint=preset.constraint, early_masks=early)
+        rid = engine.add_request(_chat(preset.prompt), SamplingParams(max_tokens=preset.max_tokens))
+        records = _drain(engine)
+        sample = records[-1].extra("constrained")["requests"][rid]["samples"][0]
+        assert records[-1].extra("constrained")["requests"][rid]["early_masks"] is early
+        runs[early] = (engine.engine.result(rid).token_ids, sample["events"])
+    (late_ids, late), (early_ids, early) = runs[False], runs[True]
+    assert late_ids == early_ids
+    assert [(e["kind"], e["allowed"]) for e in late] == [(e["kind"], e["allowed"]) for e in early]
+    sampled = [e for e in late if e["allowed"] is not None]
+    assert all(e["mask_wait_seconds"] == e["mask_seconds"] for e in sampled)
+    assert all(0 <= e["mask_wait_seconds"] for e in early if e["allowed"] is not None)
+
+
+def test_early_masks_with_many_sequences_and_forks(tiny_weights: LoadedWeights) -> None:
+    """Several constrained requests (one with n = 3) share the one mask worker; every sample still ends as one
+    of the choices, and the same seeds give the same samples with early masks off."""
+    choice = Constraint("choice", "alpha\nbeta\ngamma delta")
+    out = {}
+    for early in (True, False):
+        engine = ConstrainedEngine(_tiny_config(), tiny_weights, constraint=choice, early_masks=early)
+        rids = [engine.add_request(f"Pick {i}", SamplingParams(max_tokens=8, temperature=0.9, seed=i, n=1 + 2 * (i == 0)))
+                for i in range(4)]
+        _drain(engine)
+        out[early] = [[s.text for s in engine.engine.result(r).samples] for r in rids]
+        assert all(t in choice.choices() for texts in out[early] for t in texts)
+    assert out[True] == out[False]

@@ -46,6 +46,7 @@ class RunSettings:
     temperature: float
     seed: int
     n: int = 1
+    early_masks: bool = True  # the next mask computed during the forward pass (ConstrainedEngine.early_masks)
 
     def scenario(self) -> Scenario:
         what = self.constraint.label if self.constraint else "free text"
@@ -82,7 +83,8 @@ def preset_by_name(name: str) -> Preset | None:
 
 
 def check_settings(prompt: str, constraint: Constraint | None, jump_forward: bool, max_tokens: int,
-                   temperature: float, seed: int, n: int, tokenizer: Tokenizer, preset: str = "") -> RunSettings:
+                   temperature: float, seed: int, n: int, tokenizer: Tokenizer, preset: str = "",
+                   early_masks: bool = True) -> RunSettings:
     """The settings, or ValueError with a message a student can act on (nothing is run or reset)."""
     if not prompt or not prompt.strip():
         raise ValueError("The prompt is empty: pick a preset or type one.")
@@ -106,7 +108,7 @@ def check_settings(prompt: str, constraint: Constraint | None, jump_forward: boo
         raise ValueError(f"The prompt ({prompt_tokens} tokens) plus {max_tokens} output tokens exceeds the context "
                          f"of {ENGINE['max_model_len']} tokens: shorten the prompt.")
     return RunSettings(preset, prompt.strip(), constraint, bool(jump_forward), int(max_tokens), float(temperature),
-                       int(seed), int(n))
+                       int(seed), int(n), bool(early_masks))
 
 
 def request_view(record_extra: dict[str, Any] | None, request_id: str = REQUEST_ID) -> dict[str, Any] | None:
@@ -141,10 +143,15 @@ class SampleSummary:
     masked_tokens: int  # tokens sampled under a mask
     forbidden_mass: float  # mean probability the grammar took away, over masked tokens
     hook_seconds: float = 0.0  # the logits hook's whole work on those tokens (mask + statistics)
+    wait_seconds: float = 0.0  # how long sampling waited for those masks (less than mask_seconds when early)
 
     @property
     def mean_mask_us(self) -> float:
         return 1e6 * self.mask_seconds / self.masked_tokens if self.masked_tokens else 0.0
+
+    @property
+    def mean_wait_us(self) -> float:
+        return 1e6 * self.wait_seconds / self.masked_tokens if self.masked_tokens else 0.0
 
     @property
     def mean_hook_us(self) -> float:
@@ -156,7 +163,8 @@ def summarize(sample: dict[str, Any]) -> SampleSummary:
     masked = [e for e in events if e["masked_mass"] is not None]
     return SampleSummary(len(events), dict(Counter(e["kind"] for e in events)), sum(e["mask_seconds"] for e in masked),
                          len(masked), sum(e["masked_mass"] for e in masked) / len(masked) if masked else 0.0,
-                         sum(e.get("hook_seconds", 0.0) for e in masked))
+                         sum(e.get("hook_seconds", 0.0) for e in masked),
+                         sum(e.get("mask_wait_seconds", e["mask_seconds"]) for e in masked))
 
 
 # ---- the same prompt, three ways -----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Sections of the constrained decoding page (pages/12_constrained_decoding.py composes them)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import pandas as pd
@@ -30,7 +31,8 @@ KIND_LABELS = {"json_schema": "JSON schema", "regex": "Regular expression", "cho
 
 def engine_factory(settings: RunSettings) -> Callable[[EngineConfig, Any], ConstrainedEngine]:
     return lambda config, weights: ConstrainedEngine(config, weights, constraint=settings.constraint,
-                                                     jump_forward=settings.jump_forward)
+                                                     jump_forward=settings.jump_forward,
+                                                     early_masks=settings.early_masks)
 
 
 def settings_key(page: str) -> str:
@@ -69,7 +71,8 @@ def constrained_explanation() -> None:
 # ---- settings ------------------------------------------------------------------------------------
 
 def _keys(page: str) -> dict[str, str]:
-    return {k: f"{page}-{k}" for k in ("preset", "prompt", "kind", "spec", "layout", "jf", "max", "temp", "seed", "n")}
+    return {k: f"{page}-{k}" for k in ("preset", "prompt", "kind", "spec", "layout", "jf", "max", "temp", "seed", "n",
+                                       "early")}
 
 
 def _load_form(page: str, s: RunSettings) -> None:
@@ -79,6 +82,7 @@ def _load_form(page: str, s: RunSettings) -> None:
     ss[k["spec"]] = s.constraint.spec if s.constraint else ""
     ss[k["layout"]] = s.constraint.json_layout if s.constraint else "flexible"
     ss[k["jf"]] = s.jump_forward
+    ss[k["early"]] = s.early_masks
     ss[k["max"]], ss[k["temp"]], ss[k["seed"]], ss[k["n"]] = s.max_tokens, s.temperature, s.seed, s.n
 
 
@@ -99,7 +103,8 @@ def _pick_preset(session: EngineSession, page: str) -> None:
     if preset is None:  # "your own": keep the fields as they are, to be edited
         return
     session.clear_input_errors()
-    settings = preset_settings(preset, jump_forward=bool(st.session_state.get(_keys(page)["jf"], True)))
+    settings = dataclasses.replace(preset_settings(preset, jump_forward=bool(st.session_state.get(_keys(page)["jf"], True))),
+                                   early_masks=bool(st.session_state.get(_keys(page)["early"], True)))
     _load_form(page, settings)
     _restart(session, page, settings)
 
@@ -119,7 +124,8 @@ def _apply(session: EngineSession, page: str) -> None:
         settings = check_settings(ss.get(k["prompt"], ""), constraint, bool(ss.get(k["jf"], True)),
                                   int(ss.get(k["max"], 0)), float(ss.get(k["temp"], 0.0)), int(ss.get(k["seed"], 0)),
                                   int(ss.get(k["n"], 1)), session.weights.tokenizer,
-                                  preset.name if preset is not None and ss[k["preset"]] != OWN else "")
+                                  preset.name if preset is not None and ss[k["preset"]] != OWN else "",
+                                  bool(ss.get(k["early"], True)))
     except ValueError as e:
         session.report(f"Run not started: {e} The run shown below is unchanged.")
         return
@@ -155,7 +161,12 @@ def settings_form(session: EngineSession, page: str) -> None:
             g[2].number_input("Max tokens", step=8, key=k["max"], help=f"1 to {MAX_OUTPUT_TOKENS}")
             g[3].number_input("Temperature", step=0.1, key=k["temp"], help="0 = greedy")
             g[4].number_input("Samples", step=1, key=k["n"], help=f"1 to {MAX_SAMPLES}; more than 1 needs a temperature")
-            st.number_input("Seed", step=1, key=k["seed"])
+            h = st.columns([1, 3])
+            h[0].number_input("Seed", step=1, key=k["seed"])
+            h[1].toggle("Early masks: the next mask is computed during the forward pass", key=k["early"],
+                        help="on: as soon as a token is sampled, a worker thread computes the grammar's next mask "
+                             "while the model runs (llguidance releases Python's lock), so sampling rarely waits; "
+                             "off: the mask is computed after the forward pass and sampling waits for all of it")
             st.form_submit_button("Apply and restart", icon=":material/restart_alt:", on_click=_apply,
                                   args=(session, page))
 
@@ -213,7 +224,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     summary = summarize(s0)
     last = next((e for e in reversed(s0["events"]) if e["allowed"] is not None), None)
     kinds = summary.kinds
-    m = st.columns(5)
+    m = st.columns(6)
     m[0].metric("Output tokens", summary.tokens, help=f"of {s0['label']}")
     m[1].metric("Steered", kinds.get("steered", 0), help="tokens where the model's first choice was forbidden")
     m[2].metric("No choice", kinds.get("only", 0) + kinds.get("forced", 0),
@@ -226,12 +237,16 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                      f"sampled tokens; with the statistics this page draws (the model's softmax, its top 5 and the "
                      f"forbidden probability) the logits hook took {summary.mean_hook_us:.0f} µs a token; this step "
                      f"took {fmt_duration(record.wall_seconds)}")
+    m[5].metric("Sampling waited", f"{summary.mean_wait_us:.0f} µs" if summary.masked_tokens else "–",
+                help="per token, how long sampling waited for the mask after the forward pass: all of the mask's "
+                     "time when it is computed then, little when it was computed early (the toggle “Early masks”)")
     constraint = view["constraint"]
     if constraint is not None:
         compile_s = view.get("compile_seconds")
         st.caption(f"Grammar: **{constraint['name'] or constraint['kind']}** ({constraint['kind'].replace('_', ' ')}"
                    f"{', ' + constraint['json_layout'] + ' JSON' if constraint['kind'] == 'json_schema' else ''}), "
-                   f"jump-forward {'on' if view['jump_forward'] else 'off'}"
+                   f"jump-forward {'on' if view['jump_forward'] else 'off'}, early masks "
+                   f"{'on' if view.get('early_masks') else 'off'}"
                    + (f"; its matcher was built in {fmt_duration(compile_s)}" if compile_s else ""))
     st.markdown(_batch_line(record))
     constrained_strips(samples, previous, session.weights.tokenizer)

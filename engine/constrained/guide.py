@@ -48,6 +48,14 @@ class SequenceGuide:
         self.vocab = tokenizer.vocab_size
         self._bits = np.zeros((1, (self.vocab + 31) // 32), dtype=np.int32)
         self.build_seconds = time.perf_counter() - t0
+        self._note_state()
+
+    def _note_state(self) -> None:
+        """Remember whether the output so far is complete and any error, after every call that moves or reads
+        the matcher: a page's snapshot reads these while the next mask may be computing on a worker thread,
+        and llguidance's matcher refuses a second caller while one holds it (it drops the GIL inside)."""
+        self._accepting = self.matcher.is_accepting() and not self.matcher.is_error()
+        self._error = first_line(self.matcher.get_error()) if self.matcher.is_error() else ""
 
     def mask(self) -> Mask:
         """Which tokens may come next. A matcher in an error state (it never should be: every token it is
@@ -63,11 +71,14 @@ class SequenceGuide:
             bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab]
             allowed = torch.from_numpy(bits.astype(bool))
         seconds = time.perf_counter() - t0
+        self._note_state()
         return Mask(allowed, int(allowed.sum()), seconds)
 
     def advance(self, token: int) -> bool:
         """Consume a sampled token; False if the grammar rejects it (the matcher then stays in error)."""
-        return self.matcher.consume_token(token)
+        ok = self.matcher.consume_token(token)
+        self._note_state()
+        return ok
 
     def forced(self, limit: int) -> list[int]:
         """Tokens the grammar allows in one way only from here (jump-forward), at most `limit` of them (what
@@ -75,22 +86,25 @@ class SequenceGuide:
         complete, can take nothing more and there is room."""
         tokens = list(self.matcher.compute_ff_tokens())[:max(limit, 0)]
         if tokens and not self.matcher.consume_tokens(tokens):
+            self._note_state()
             return []
         eos = self.tokenizer.eos_token_ids[0]
         if (len(tokens) < limit and self.matcher.is_stopped() and not self.matcher.is_error()
                 and eos not in tokens):
             self.matcher.consume_token(eos)
             tokens.append(eos)
+        self._note_state()
         return tokens
 
     @property
     def accepting(self) -> bool:
-        return self.matcher.is_accepting() and not self.matcher.is_error()
+        """Whether the output so far is a complete string of the language (as of the last call)."""
+        return self._accepting
 
     @property
     def error(self) -> str:
         """Why the matcher stopped accepting tokens, in a line (llguidance's own message adds a state dump)."""
-        return first_line(self.matcher.get_error()) if self.matcher.is_error() else ""
+        return self._error
 
 
 @functools.lru_cache(maxsize=64)

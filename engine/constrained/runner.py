@@ -12,7 +12,9 @@ tokens so far, each with what the grammar allowed and what the model wanted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.constrained.constraint import Constraint, as_sentence
-from engine.constrained.guide import SequenceGuide, accepts, problem_with
+from engine.constrained.guide import Mask, SequenceGuide, accepts, problem_with
 from engine.engine import LLMEngine, Prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import ForcedTokens, Sequence
@@ -28,6 +30,13 @@ from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
 TOP = 5  # candidates kept per sampled token (what the model wanted, allowed or not)
+
+
+@functools.cache
+def _mask_worker() -> ThreadPoolExecutor:
+    """One thread for every engine's early masks: llguidance drops the GIL while it computes one, so it runs
+    beside the forward pass (torch drops the GIL in its kernels, and on a GPU the host only waits)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
 _KEEP_DEFAULT: Any = object()
 
 
@@ -48,6 +57,7 @@ class TokenEvent:
     masked_mass: float | None = None  # the model's probability on tokens the grammar forbade
     top: tuple[tuple[int, float, bool], ...] = ()  # (token, unconstrained probability, allowed) of the top TOP
     mask_seconds: float = 0.0  # llguidance's bitmask and its unpacking
+    mask_wait_seconds: float = 0.0  # how long sampling waited for that mask (all of it unless computed early)
     hook_seconds: float = 0.0  # everything the engine's logits hook did for this token (mask + statistics)
 
 
@@ -62,19 +72,25 @@ class _Pending:
     mask_seconds: float
     probs: torch.Tensor  # unconstrained softmax of the row
     hook_seconds: float  # the whole hook: mask, softmax, top tokens, masked probability
+    mask_wait_seconds: float
 
 
 class ConstrainedEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None,
-                 constraint: Constraint | None = None, jump_forward: bool = True) -> None:
+                 constraint: Constraint | None = None, jump_forward: bool = True, early_masks: bool = True) -> None:
         """`constraint`: the grammar of requests added without their own (None: unconstrained).
-        `jump_forward`: write the text a grammar allows in one way only without sampling it."""
+        `jump_forward`: write the text a grammar allows in one way only without sampling it.
+        `early_masks`: compute a sequence's next mask as soon as its last token is known, on a worker thread,
+        so it is ready when the next forward pass ends (what vLLM and SGLang do); off, the sampler computes it
+        after the forward pass and waits for it every token."""
         if config.spec_drafter != "none" or config.overlap_decode:
             raise ValueError("constrained decoding needs an engine without speculative decoding or overlapped "
                              "decode (the grammar masks each token before it is sampled)")
         self.engine = LLMEngine(config, weights)
         self.constraint = constraint
         self.jump_forward = jump_forward
+        self.early_masks = early_masks
+        self._next_masks: dict[int, Future[Mask]] = {}  # seq id -> its next mask, being computed
         self.constraints: dict[str, Constraint | None] = {}  # request id -> its grammar
         self.guides: dict[int, SequenceGuide] = {}  # seq id -> its matcher
         self.events: dict[int, list[TokenEvent]] = {}  # seq id -> its output tokens, as they came
@@ -104,6 +120,9 @@ class ConstrainedEngine:
                                  "ends (after it, only the end of the turn is allowed)")
         rid = self.engine.add_request(prompt, params, arrival_step=arrival_step, request_id=request_id)
         self.constraints[rid] = constraint
+        if constraint is not None:
+            for seq in self.sequences(rid):  # the first masks are computed while the prompt is
+                self._compute_next_mask(seq, self._guide(seq))
         return rid
 
     def _check(self, constraint: Constraint) -> None:
@@ -135,12 +154,28 @@ class ConstrainedEngine:
             self.compile_seconds.setdefault(seq.request_id, guide.build_seconds)
         return guide
 
+    def _compute_next_mask(self, seq: Sequence, guide: SequenceGuide) -> None:
+        """Start the sequence's next mask now (its tokens so far are all consumed): it is computed while the
+        next forward pass runs. The guide is not touched again until the sampler has collected it."""
+        if self.early_masks:
+            self._next_masks[seq.seq_id] = _mask_worker().submit(guide.mask)
+
+    def _mask(self, seq: Sequence, guide: SequenceGuide) -> tuple[Mask, float]:
+        """(the mask for the sequence's next token, how long sampling waited for it)."""
+        early = self._next_masks.pop(seq.seq_id, None)
+        if early is None:
+            mask = guide.mask()
+            return mask, mask.seconds
+        t0 = time.perf_counter()
+        mask = early.result()
+        return mask, time.perf_counter() - t0
+
     def _process_logits(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
         """Mask the row (a new tensor: the row is shared with the request's other samples) and note what the
         model wanted: its top TOP tokens, and the probability it put on forbidden ones."""
         t0 = time.perf_counter()
         guide = self._guide(seq)
-        mask = guide.mask() if guide is not None else None
+        mask, wait = self._mask(seq, guide) if guide is not None else (None, 0.0)
         probs = torch.softmax(logits.float(), dim=-1)
         top_p, top_i = torch.topk(probs, TOP)
         allowed = None if mask is None else mask.allowed.to(logits.device, non_blocking=True)
@@ -153,7 +188,7 @@ class ConstrainedEngine:
         self._pending[seq.seq_id] = _Pending(
             self.engine.step_index, None if mask is None else mask.count, top,
             None if mask is None else max(0.0, 1.0 - values[-1]), 0.0 if mask is None else mask.seconds, probs,
-            time.perf_counter() - t0)
+            time.perf_counter() - t0, wait)
         return out
 
     def _add(self, seq_id: int, event: TokenEvent) -> None:
@@ -174,14 +209,18 @@ class ConstrainedEngine:
             kind = "free" if pending.probs_top[0][2] else "steered"
         self._add(seq.seq_id, TokenEvent(pending.step, token, kind, pending.allowed, float(pending.probs[token]),
                                          pending.masked_mass, pending.probs_top, pending.mask_seconds,
-                                         pending.hook_seconds))
+                                         pending.mask_wait_seconds, pending.hook_seconds))
         if guide is None:
             return None
         guide.advance(token)
-        if not self.jump_forward or token in self.engine.model_config.eos_token_ids:
+        eos = self.engine.model_config.eos_token_ids
+        if token in eos:
             return None
         # Within max_tokens: the sampled token is not appended yet, so it takes one of the remaining places.
-        forced = guide.forced(seq.params.max_tokens - seq.output_len - 1)
+        room = seq.params.max_tokens - seq.output_len - 1
+        forced = guide.forced(room) if self.jump_forward else []
+        if room > len(forced) and not (forced and forced[-1] in eos):  # the sequence goes on: next mask now
+            self._compute_next_mask(seq, guide)
         if not forced:
             return None
         for t in forced:
@@ -231,6 +270,7 @@ class ConstrainedEngine:
                     "valid": self._judge(seq, constraint, text),
                 })
             requests[rid] = {"constraint": dataclasses.asdict(constraint) if constraint else None,
-                             "jump_forward": self.jump_forward, "compile_seconds": self.compile_seconds.get(rid),
+                             "jump_forward": self.jump_forward, "early_masks": self.early_masks,
+                             "compile_seconds": self.compile_seconds.get(rid),
                              "samples": samples}
         return {"requests": requests}

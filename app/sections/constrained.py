@@ -58,6 +58,9 @@ def constrained_explanation() -> None:
          "writes such text without sampling (**green**); the next step computes it as a small chunk.",
          "The lower chart is the probability the model put on forbidden tokens: where it is high the grammar "
          "overrides the model, and the answer may be valid yet wrong.",
+         "**Early masks** (on by default): the next mask is computed on a worker thread while the model runs, so "
+         "“Sampling waited” stays near zero however long the mask takes; that is why the speed cost is "
+         "avoidable.",
          "**Compare** runs the same prompt free, masked and with jump-forward: validity, steps and the cost of "
          "the mask."],
         note=f"Pre(L(G)): every prefix of a string the grammar accepts; out · t: the output so far with token t "

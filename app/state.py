@@ -31,6 +31,19 @@ def get_session(page: str, default: Scenario, engine_factory: Callable[..., Any]
     return session
 
 
+def settings_key(page: str) -> str:
+    return f"{page}-settings"
+
+
+def page_settings(page: str, default: Callable[[], T]) -> T:
+    """The run settings a settings-form page (test-time compute, constrained decoding) runs now: a frozen
+    record kept per page, `default()` until the student applies others (`restart_with`)."""
+    key = settings_key(page)
+    if key not in st.session_state:
+        st.session_state[key] = default()
+    return st.session_state[key]
+
+
 def page_cache(page: str) -> dict:
     """A per-page dict for measured results (comparisons, timings) that must survive reruns."""
     key = f"page-cache:{page}"

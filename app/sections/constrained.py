@@ -18,10 +18,10 @@ from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, Run
 from app.charts.constrained import mask_figure, modes_figure
 from app.formatting import fmt_duration, plural
 from app.session import EngineSession
-from app.state import page_cache
+from app.state import page_cache, page_settings
 from app.theme import show_figure
 from app.widgets.constrained_strip import constrained_strips
-from app.widgets.controls import follow_latest
+from app.widgets.controls import restart_with
 from app.widgets.explain import explanation
 
 OWN = "Your own (edit below)"
@@ -35,12 +35,8 @@ def engine_factory(settings: RunSettings) -> Callable[[EngineConfig, Any], Const
                                                      early_masks=settings.early_masks)
 
 
-def settings_key(page: str) -> str:
-    return f"{page}-settings"
-
-
 def current_settings(page: str) -> RunSettings:
-    return st.session_state.setdefault(settings_key(page), preset_settings())
+    return page_settings(page, preset_settings)
 
 
 def constrained_explanation() -> None:
@@ -89,17 +85,6 @@ def _load_form(page: str, s: RunSettings) -> None:
     ss[k["max"]], ss[k["temp"]], ss[k["seed"]], ss[k["n"]] = s.max_tokens, s.temperature, s.seed, s.n
 
 
-def _restart(session: EngineSession, page: str, settings: RunSettings) -> None:
-    old = session.engine_factory
-    session.engine_factory = engine_factory(settings)
-    if session.reset(settings.scenario()):
-        st.session_state[settings_key(page)] = settings
-        st.session_state[f"{page}-playing"] = False
-        follow_latest(page)
-    else:
-        session.engine_factory = old
-
-
 def _pick_preset(session: EngineSession, page: str) -> None:
     name = st.session_state[_keys(page)["preset"]]
     preset = preset_by_name(name)
@@ -109,7 +94,7 @@ def _pick_preset(session: EngineSession, page: str) -> None:
     settings = dataclasses.replace(preset_settings(preset, jump_forward=bool(st.session_state.get(_keys(page)["jf"], True))),
                                    early_masks=bool(st.session_state.get(_keys(page)["early"], True)))
     _load_form(page, settings)
-    _restart(session, page, settings)
+    restart_with(session, page, settings, engine_factory)
 
 
 def _apply(session: EngineSession, page: str) -> None:
@@ -132,7 +117,7 @@ def _apply(session: EngineSession, page: str) -> None:
     except ValueError as e:
         session.report(f"Run not started: {e} The run shown below is unchanged.")
         return
-    _restart(session, page, settings)
+    restart_with(session, page, settings, engine_factory)
 
 
 def settings_form(session: EngineSession, page: str) -> None:

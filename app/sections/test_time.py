@@ -18,9 +18,9 @@ from app.charts.block_tables import block_table_grid
 from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thinking_budget_figure
 from app.formatting import fmt_duration, plural
 from app.session import EngineSession
-from app.state import page_cache
+from app.state import page_cache, page_settings
 from app.theme import show_figure
-from app.widgets.controls import follow_latest
+from app.widgets.controls import restart_with
 from app.widgets.explain import explanation
 from app.widgets.sample_strips import sample_strips
 
@@ -39,12 +39,8 @@ def engine_factory(settings: RunSettings) -> Callable[[EngineConfig, Any], TestT
     return lambda config, weights: TestTimeEngine(config, weights, budget=settings.budget, answers=answers)
 
 
-def settings_key(page: str) -> str:
-    return f"{page}-settings"
-
-
 def current_settings(page: str) -> RunSettings:
-    return st.session_state.setdefault(settings_key(page), default_settings())
+    return page_settings(page, default_settings)
 
 
 def test_time_explanation() -> None:
@@ -95,14 +91,7 @@ def _apply(session: EngineSession, page: str) -> None:
     except ValueError as e:
         session.report(f"Run not started: {e} The run shown below is unchanged.")
         return
-    old_factory = session.engine_factory
-    session.engine_factory = engine_factory(settings)
-    if session.reset(settings.scenario()):
-        ss[settings_key(page)] = settings
-        ss[f"{page}-playing"] = False
-        follow_latest(page)
-    else:
-        session.engine_factory = old_factory
+    restart_with(session, page, settings, engine_factory)
 
 
 def settings_form(session: EngineSession, page: str) -> None:

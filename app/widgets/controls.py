@@ -6,9 +6,12 @@ callbacks, which run before the page script, so the page always draws the state 
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import streamlit as st
 
 from app.session import EngineSession
+from app.state import settings_key
 
 SPEEDS: dict[str, float] = {"slow (1.5 s)": 1.5, "normal (0.6 s)": 0.6, "fast (0.2 s)": 0.2}
 RUN_TO_END_LIMIT = 400
@@ -31,6 +34,21 @@ def follow_latest(page: str) -> None:
 def follow_key(page: str) -> str:
     """The session key of `follow_latest`'s request, read (and cleared) by `timeline_scrubber`."""
     return f"{page}-scrub-follow"
+
+
+def restart_with(session: EngineSession, page: str, settings: Any, factory: Callable[[Any], Any]) -> bool:
+    """Rebuild the page's engine for `settings` (a record with `scenario()`) through `factory(settings)`, keep
+    them as the page's settings and follow the new timeline. On a rejected engine config the old engine,
+    factory and settings stay (the session records the message)."""
+    old = session.engine_factory
+    session.engine_factory = factory(settings)
+    if not session.reset(settings.scenario()):
+        session.engine_factory = old
+        return False
+    st.session_state[settings_key(page)] = settings
+    st.session_state[_keys(page)["playing"]] = False
+    follow_latest(page)
+    return True
 
 
 def _step(session: EngineSession, page: str) -> None:

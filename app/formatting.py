@@ -3,6 +3,10 @@ their noun in the right number."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.trace import StepRecord
 
 
 def fmt_duration(seconds: float) -> str:
@@ -37,3 +41,9 @@ def fmt_block_ids(blocks: Sequence[int]) -> str:
         parts.append(f"{blocks[i]}–{blocks[j]}" if j - i >= 2 else ", ".join(str(b) for b in blocks[i:j + 1]))
         i = j + 1
     return ", ".join(parts)
+
+
+def step_line(record: StepRecord, parts: Sequence[str], tail: str = "") -> str:
+    """One line for a step's batch: what it computed, in how long, then one part per request (and a tail)."""
+    return (f":material/memory: Step {record.step} computed {plural(record.num_batched_tokens, 'token')} in "
+            f"{fmt_duration(record.wall_seconds)}: " + " · ".join(parts) + tail)

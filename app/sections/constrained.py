@@ -16,7 +16,7 @@ from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, Run
                                       load_bench, mode_rows, modes_for, preset_by_name, preset_settings,
                                       request_view, run_modes, summarize, token_rows)
 from app.charts.constrained import mask_figure, modes_figure
-from app.formatting import fmt_duration, plural
+from app.formatting import fmt_duration, plural, step_line
 from app.session import EngineSession
 from app.state import page_cache, page_settings
 from app.theme import show_figure
@@ -189,8 +189,7 @@ def _batch_line(record: StepRecord) -> str:
         parts.append(f"{b.request_id}: {plural(b.num_tokens, 'token')} ({what})")
     forced = sum(1 for e in record.emitted if e.forced)
     tail = f" · jump-forward wrote {plural(forced, 'token')}" if forced else ""
-    return (f":material/memory: Step {record.step} computed {plural(record.num_batched_tokens, 'token')} in "
-            f"{fmt_duration(record.wall_seconds)}: " + " · ".join(parts) + tail)
+    return step_line(record, parts, tail)
 
 
 def step_section(session: EngineSession, record: StepRecord, history: list[StepRecord], page: str) -> None:

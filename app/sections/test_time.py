@@ -16,7 +16,7 @@ from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MODES, RunSettings, ans
                                     request_view, sample_rows, task_settings)
 from app.charts.block_tables import block_table_grid
 from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thinking_budget_figure
-from app.formatting import fmt_duration, plural
+from app.formatting import fmt_duration, plural, step_line
 from app.session import EngineSession
 from app.state import page_cache, page_settings
 from app.theme import show_figure
@@ -138,8 +138,7 @@ def _batch_line(record: StepRecord) -> str:
     forced = [e for e in record.emitted if e.forced]
     tail = (f" · forced this step: {', '.join(sorted({e.request_id + ' ' + e.forced for e in forced}))}"
             if forced else "")
-    return (f":material/memory: Step {record.step} computed {plural(record.num_batched_tokens, 'token')} in "
-            f"{fmt_duration(record.wall_seconds)}: " + " · ".join(parts) + tail)
+    return step_line(record, parts, tail)
 
 
 def step_section(session: EngineSession, record: StepRecord, history: list[StepRecord], page: str) -> None:

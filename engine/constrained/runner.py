@@ -26,7 +26,7 @@ from engine.constrained.guide import Mask, SequenceGuide, accepts, problem_with
 from engine.engine import LLMEngine, Prompt
 from engine.sampling_params import SamplingParams
 from engine.sequence import ForcedTokens, Sequence
-from engine.trace import StepRecord
+from engine.wrapped_engine import EngineWrapper
 from engine.weights import LoadedWeights
 
 TOP = 5  # candidates kept per sampled token (what the model wanted, allowed or not)
@@ -75,7 +75,9 @@ class _Pending:
     mask_wait_seconds: float
 
 
-class ConstrainedEngine:
+class ConstrainedEngine(EngineWrapper):
+    EXTRA = "constrained"
+
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None,
                  constraint: Constraint | None = None, jump_forward: bool = True, early_masks: bool = True) -> None:
         """`constraint`: the grammar of requests added without their own (None: unconstrained).
@@ -86,7 +88,7 @@ class ConstrainedEngine:
         if config.spec_drafter != "none" or config.overlap_decode:
             raise ValueError("constrained decoding needs an engine without speculative decoding or overlapped "
                              "decode (the grammar masks each token before it is sampled)")
-        self.engine = LLMEngine(config, weights)
+        super().__init__(LLMEngine(config, weights))
         self.constraint = constraint
         self.jump_forward = jump_forward
         self.early_masks = early_masks
@@ -97,17 +99,12 @@ class ConstrainedEngine:
         self.compile_seconds: dict[str, float] = {}  # request id -> building its first matcher
         self._pending: dict[int, _Pending] = {}
         self._valid: dict[int, bool] = {}  # seq id -> whether its finished text is in the language
-        self._checked: set[Constraint] = set()
         self._event_dicts: dict[int, list[dict[str, Any]]] = {}  # seq id -> its events as snapshot dicts
         self._texts: dict[int, tuple[int, str]] = {}  # seq id -> (tokens decoded, text)
-        self._seqs: dict[str, list[Sequence]] = {}  # request id -> its samples, once all exist
         self.engine.process_logits = self._process_logits
         self.engine.force_tokens = self._after_token
         if constraint is not None:
             self._check(constraint)
-
-    def __getattr__(self, name: str) -> Any:  # config, model_config, tokenizer, step_index, counters, ...
-        return getattr(self.__dict__["engine"], name)
 
     def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(), arrival_step: int | None = None,
                     request_id: str | None = None, constraint: Constraint | None = _KEEP_DEFAULT) -> str:
@@ -126,22 +123,10 @@ class ConstrainedEngine:
         return rid
 
     def _check(self, constraint: Constraint) -> None:
-        """ValueError (one sentence) unless the constraint is usable; each distinct one is checked once."""
-        if constraint in self._checked:
-            return
+        """ValueError (one sentence) unless the constraint is usable (problem_with caches the answer)."""
         problem = problem_with(constraint, self.engine.tokenizer)
         if problem is not None:
             raise ValueError(as_sentence(problem))
-        self._checked.add(constraint)
-
-    def has_work(self) -> bool:
-        return self.engine.has_work()
-
-    def step(self) -> StepRecord:
-        record = self.engine.step()
-        if self.engine.config.trace_detail == "light":
-            return record
-        return dataclasses.replace(record, extras=record.extras + (("constrained", self.snapshot()),))
 
     # ---- the two hooks ----------------------------------------------------------------------------
     def _guide(self, seq: Sequence) -> SequenceGuide | None:
@@ -235,14 +220,6 @@ class ConstrainedEngine:
         if seq.seq_id not in self._valid:
             self._valid[seq.seq_id] = accepts(constraint, text, self.engine.tokenizer)
         return self._valid[seq.seq_id]
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        seqs = self._seqs.get(request_id)
-        if seqs is None:
-            seqs = sorted((s for s in self.engine.sequences if s.request_id == request_id), key=lambda s: s.index)
-            if seqs and len(seqs) == seqs[0].params.n:  # all of the request's samples exist: keep the list
-                self._seqs[request_id] = seqs
-        return seqs
 
     def _text(self, seq: Sequence) -> str:
         """The output so far, decoded again only when it has grown (the snapshot asks every step)."""

@@ -13,17 +13,17 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine import LLMEngine, Prompt
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
 from engine.test_time.budget import BudgetForcer, BudgetForcing
 from engine.test_time.scoring import ScoredSample, score_sample, select
-from engine.trace import StepRecord
+from engine.wrapped_engine import EngineWrapper
 from engine.weights import LoadedWeights
 
 _KEEP_DEFAULT: Any = object()
 
 
-class TestTimeEngine:
+class TestTimeEngine(EngineWrapper):
     __test__ = False  # not a pytest test class, despite the name
+    EXTRA = "test_time"
 
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None,
                  budget: BudgetForcing | None = None, answers: dict[str, str] | None = None) -> None:
@@ -33,15 +33,12 @@ class TestTimeEngine:
         if config.spec_drafter != "none" or config.overlap_decode:
             raise ValueError("test-time compute needs an engine without speculative decoding or overlapped "
                              "decode (forced tokens and log-probs are written as each token is sampled)")
-        self.engine = LLMEngine(config, weights)
+        super().__init__(LLMEngine(config, weights))
         self.budget = budget  # the default for requests added without their own
         self.forcer = BudgetForcer(self.engine.tokenizer, self.engine.model_config.eos_token_ids)
         self.engine.force_tokens = self.forcer
         self.truths: dict[str, str | None] = {}  # request id -> the right answer, when known
         self.answers = dict(answers or {})
-
-    def __getattr__(self, name: str) -> Any:  # config, model_config, tokenizer, step_index, counters, ...
-        return getattr(self.__dict__["engine"], name)
 
     def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(), arrival_step: int | None = None,
                     request_id: str | None = None, answer: str | None = None,
@@ -60,21 +57,7 @@ class TestTimeEngine:
         self.truths[rid] = answer if answer is not None else self.answers.get(_prompt_text(prompt))
         return rid
 
-    def has_work(self) -> bool:
-        return self.engine.has_work()
-
-    def step(self) -> StepRecord:
-        record = self.engine.step()
-        if self.engine.config.trace_detail == "light":
-            # As LLMEngine's light trace does: no per-sample picture (it detokenises and scores every
-            # sample every step); `scored` still answers once the run is over (run_task_set's case).
-            return record
-        return dataclasses.replace(record, extras=record.extras + (("test_time", self.snapshot()),))
-
     # ---- views ------------------------------------------------------------------------------------
-    def _sequences(self, request_id: str) -> list[Sequence]:
-        return sorted((s for s in self.engine.sequences if s.request_id == request_id), key=lambda s: s.index)
-
     def scored(self, request_id: str) -> tuple[ScoredSample, ...]:
         """Every sample of the request scored (finished or not: the text so far)."""
         result = self.engine.result(request_id)
@@ -86,7 +69,7 @@ class TestTimeEngine:
         bm = self.engine.block_manager
         requests = {}
         for rid, truth in self.truths.items():
-            seqs = self._sequences(rid)
+            seqs = self.sequences(rid)
             scored = self.scored(rid)
             samples = []
             for seq, sc in zip(seqs, scored):

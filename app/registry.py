@@ -54,6 +54,11 @@ PAGES: tuple[PageSpec, ...] = (
              "The tile schedule, one row's running max and sum, and the N × N matrix never written, on the real "
              "Q, K, V of your prompt; time and error vs naive attention and SDPA; split-KV decoding (Flash-Decoding).",
              ":material/bolt:", "pages/05_flashattention.py", "flashattention"),
+    PageSpec("KV cache quantization and eviction", "Memory and attention",
+             "The same prompt decoded with the cache in FP8, INT8, INT4, INT2 or KIVI, or cut to a budget by a sliding "
+             "window, StreamingLLM's attention sinks or H2O's heavy hitters: bytes per token against KL and agreement "
+             "with the full cache, the text each writes, key outlier channels and which tokens each policy keeps.",
+             ":material/compress:", "pages/13_kv_compression.py", "kv-quantization-eviction"),
     PageSpec("Radix prefix cache", "Memory and attention",
              "The radix tree of cached prompt prefixes growing as requests arrive: locks, LRU eviction in a "
              "small pool, hit rate, and prefill tokens and time saved, measured with the cache on and off.",

@@ -123,3 +123,13 @@ def test_roofline_page_times_every_kernel_path(gpu_app: AppTest) -> None:
     assert ran_on["torch reference kernels"].startswith("torch reference kernels on cuda")
     median = dict(zip(table["kernel path"], table["median decode step (ms)"]))
     assert median["Triton kernels in CUDA graphs"] < median["Triton kernels, one launch each"] / 2, median
+
+
+def test_kv_compression_page_on_the_gpu(gpu_app: AppTest) -> None:
+    """The KV quantization page runs its lab on the GPU in bf16 and says its attention is the torch path."""
+    at = open_page(gpu_app, "13_kv_compression.py")
+    assert_clean(at)
+    text = _texts(at)
+    assert torch.cuda.get_device_name() in text and "torch path on every device" in text
+    assert "reference cache in bfloat16" in text
+    assert len(at.dataframe[0].value) == 7

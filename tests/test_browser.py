@@ -515,6 +515,34 @@ def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
     assert page.get_by_text("steps recorded", exact=False).first.inner_text() == records  # the run is still there
 
 
+def test_kv_compression_page(server, page) -> None:  # noqa: ANN001
+    """The storage-format comparison on a projector: the table, the trade-off chart whose labels stay apart,
+    each variant's own text with its divergence highlighted; then the eviction preset run, with the kept-token
+    map; chart text fits and stays apart at 1280 pixels."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "kv-quantization-eviction")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 3
+    assert page.locator(".kvq-row").count() == 7  # the reference and six formats
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_buttons_fit(page)
+    assert plotly_count(page) >= 5
+    shoot(page, "13_kv_compression_formats")
+    box = page.get_by_role("combobox", name="Compare")
+    box.click()
+    box.fill("Eviction")
+    page.keyboard.press("Enter")
+    wait_idle(page)
+    click_button(page, "Run on the model")
+    page.locator('[data-testid="stPlotlyChart"]', has_text="the cache after generated token").wait_for()
+    assert_clean(page)
+    assert page.locator(".kvq-row").count() == 4
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    shoot(page, "13_kv_compression_eviction")
+
+
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     # A projector's width, where presentation mode's large metric values used to be cut off.
     page.set_viewport_size(PROJECTOR)

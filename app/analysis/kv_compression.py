@@ -1,0 +1,181 @@
+"""Plain data for the KV cache quantization and eviction page: prompts, variant presets, the settings
+table turned into `Variant`s (with one sentence per bad row), and the tables the page shows."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from engine.config import ModelConfig
+from engine.kv_compression import FORMATS, EvictionPolicy, LabResult, Variant
+from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
+from engine.kv_compression.policies import POLICY_LABELS
+
+REFERENCE = "reference"  # the format column's word for "the engine's own precision" (fp32 on a CPU, bf16 on a GPU)
+
+PROMPTS: dict[str, str] = {
+    "Find two details in a long note": (
+        "Read the note below and answer the question at the end.\n\n"
+        "Note: The museum's storage room code is 4718. Maria Alvarez, the night guard, started working at the "
+        "museum in 2019. She walks through the east wing every hour, checks the windows of the sculpture hall, "
+        "and writes what she sees in a blue notebook. The east wing holds paintings from the seventeenth "
+        "century, mostly Dutch landscapes with wide skies and small figures. On rainy nights the roof above the "
+        "staircase leaks, and Maria puts a bucket under the drip. The director, Tomas Berg, wants to move the "
+        "landscapes to the west wing next spring, because the light there is softer and the walls are drier. "
+        "The west wing currently holds a collection of old maps, which will be moved to the library. Visitors "
+        "often ask Maria about the maps, especially the one that shows the coast before the harbour was built. "
+        "She tells them the harbour was finished in 1862 and changed the town completely. The café on the "
+        "ground floor closes at five, and the gift shop sells postcards of the landscapes. Every Friday the "
+        "museum stays open until nine, and a string quartet plays in the main hall.\n\n"
+        "Question: What is the storage room code, and who is the night guard?"),
+    "Explain a concept": "Explain in a short paragraph why the sky is blue during the day and red at sunset.",
+    "Write a list": "List five tips for keeping a small vegetable garden healthy, one sentence each.",
+}
+OWN_PROMPT = "Your own prompt (edit below)"
+
+# Rows of the variant table: format, policy, budget, sinks. "reference" stands for the engine's precision.
+PRESETS: dict[str, list[dict]] = {
+    "Storage formats": [dict(format=f) for f in ("bf16", "fp8", "int8", "int4", "int2", "int2-kivi")],
+    "Eviction at a 64-token budget": [dict(format=REFERENCE, policy=p, budget=64) for p in ("window", "sinks", "h2o")],
+    "Quantize and evict": [dict(format="int4"), dict(format=REFERENCE, policy="h2o", budget=128),
+                           dict(format="int4", policy="h2o", budget=128), dict(format="int8", policy="sinks", budget=128)],
+}
+FORMAT_CHOICES = (REFERENCE, *FORMATS)
+POLICY_CHOICES = tuple(POLICY_LABELS)
+DEFAULT_BUDGET, DEFAULT_SINKS = 64, 4
+BF16_NAME = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class LabSettings:
+    """What the page runs: a prompt, how many tokens, and the variants (the reference is always added)."""
+
+    prompt_name: str
+    prompt: str
+    max_new_tokens: int
+    variants: tuple[Variant, ...]
+
+
+def preset_rows(name: str) -> list[dict]:
+    """A preset's rows with every column filled (the editor shows all four)."""
+    return [dict(format=r["format"], policy=r.get("policy", "none"), budget=int(r.get("budget", DEFAULT_BUDGET)),
+                 sinks=int(r.get("sinks", DEFAULT_SINKS))) for r in PRESETS[name]]
+
+
+def reference_format(dtype: str) -> str:
+    return "fp32" if dtype == "float32" else "bf16"
+
+
+def rows_to_variants(rows: Sequence[Mapping], dtype: str) -> tuple[list[Variant], list[str]]:
+    """The table's rows as variants, and one sentence per row that cannot run ("Row 2: ...")."""
+    variants: list[Variant] = []
+    errors: list[str] = []
+    for i, row in enumerate(rows, start=1):
+        fmt = row.get("format")
+        if fmt is None or (isinstance(fmt, float) and np.isnan(fmt)) or fmt == "":
+            continue  # an empty row the editor added
+        fmt = reference_format(dtype) if fmt == REFERENCE else str(fmt)
+        kind = str(row.get("policy") or "none")
+        try:
+            budget = _whole(row.get("budget"), "budget") if kind != "none" else 0
+            sinks = _whole(row.get("sinks"), "sinks") if kind == "sinks" else DEFAULT_SINKS
+            variants.append(Variant(fmt, EvictionPolicy(kind, budget, sinks)))  # type: ignore[arg-type]
+        except ValueError as e:
+            errors.append(f"Row {i}: {e}")
+    if not errors:
+        seen: set[Variant] = set()
+        for i, v in enumerate(variants, start=1):
+            if v in seen:
+                errors.append(f"Row {i} repeats an earlier row ({v.label}).")
+            seen.add(v)
+        if len(variants) > MAX_VARIANTS:
+            errors.append(f"Compare at most {MAX_VARIANTS} variants at once; the table has {len(variants)}.")
+        if not variants:
+            errors.append("Add at least one row: a format (and, if you like, an eviction policy) to compare.")
+    return variants, errors
+
+
+def _whole(value, name: str) -> int:  # noqa: ANN001 (a cell: int, float or None)
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        raise ValueError(f"the {name} is empty")
+    if float(value) != int(float(value)):
+        raise ValueError(f"the {name} must be a whole number of tokens; got {value}")
+    return int(float(value))
+
+
+def check_tokens(max_new_tokens: int) -> str | None:
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        return f"Tokens to generate must be between 1 and {MAX_NEW_TOKENS}."
+    return None
+
+
+# ---- tables ------------------------------------------------------------------------------------------
+
+def bytes_per_token(v: Variant, cfg: ModelConfig) -> float:
+    return v.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+
+
+def measured_bytes_per_token(r) -> float:  # noqa: ANN001 (a VariantResult)
+    """The variant's cache bytes at the end of the run over the tokens it holds (scales included)."""
+    return float(r.cache_bytes[-1]) / max(1, int(r.cached_tokens[-1]))
+
+
+def full_bf16_bytes(result: LabResult, cfg: ModelConfig) -> float:
+    """A BF16 cache holding every token the reference holds: the yardstick for both ways of shrinking."""
+    bf16 = FORMATS[BF16_NAME].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    return bf16 * int(result.variants[0].cached_tokens[-1])
+
+
+def summary_frame(result: LabResult, cfg: ModelConfig) -> pd.DataFrame:
+    """One row per variant: its memory and how far its predictions moved from the reference's."""
+    full = full_bf16_bytes(result, cfg)
+    rows = []
+    ref_tokens = result.reference_tokens
+    for r in result.variants:
+        div = r.first_divergence(ref_tokens)
+        rows.append({
+            "Variant": ("Reference: " if r.is_reference else "") + r.variant.label,
+            "Bytes/token": measured_bytes_per_token(r),
+            "Tokens": int(r.cached_tokens[-1]),
+            "× smaller": full / float(r.cache_bytes[-1]),
+            "Top-1 match": r.top1_agreement,
+            "KL (nats)": r.mean_kl,
+            "Text leaves at": "never" if div is None else f"token {div}",
+            "Attn ms": 1000 * r.attention_seconds,
+        })
+    return pd.DataFrame(rows)
+
+
+def memory_frame(cfg: ModelConfig, gib: float, context: int) -> pd.DataFrame:
+    """Each format's bytes per token by the formula, and what a KV budget of `gib` GiB holds."""
+    rows = []
+    bf16 = FORMATS[BF16_NAME].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    for fmt in FORMATS.values():
+        b = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        tokens = gib * 2**30 / b
+        rows.append({"Format": fmt.label, "Bits per number": fmt.bits, "Bytes per token": b,
+                     "vs BF16": bf16 / b, "Tokens that fit": int(tokens),
+                     f"Sequences of {context:,} tokens": int(tokens // context)})
+    return pd.DataFrame(rows)
+
+
+def kept_counts(kept: np.ndarray, step: int, length: int) -> np.ndarray:
+    """[layers, length]: how many KV heads of each layer hold each position after `step`."""
+    return kept[step, :, :, :length].sum(axis=1)
+
+
+def text_segments(tokens: Sequence[int], reference: Sequence[int], decode) -> list[tuple[str, bool]]:  # noqa: ANN001
+    """The variant's text as (piece, same as the reference so far): the shared prefix, then the rest."""
+    div = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    same, rest = decode(list(tokens[:div])), decode(list(tokens[div:]))
+    return [(s, flag) for s, flag in ((same, True), (rest, False)) if s]
+
+
+def answer_found(tokens: Sequence[int], decode, needles: Sequence[str]) -> dict[str, bool]:  # noqa: ANN001
+    text = decode(list(tokens))
+    return {n: n in text for n in needles}
+
+
+RETRIEVAL_NEEDLES = {"Find two details in a long note": ("4718", "Maria")}

@@ -1,0 +1,160 @@
+"""Charts of the KV cache quantization and eviction page: memory against quality, the distance from the
+reference token by token, why keys are harder to quantize than values, which tokens each eviction policy
+keeps, and the attention sink that makes the first tokens worth keeping."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.kv_compression import FORMATS, LabResult
+
+from app.charts.axes import index_ticks, log_axis
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
+
+# Okabe-Ito, in the order variants are listed (the reference is grey).
+VARIANT_COLORS = ("#0072B2", ACCENT, TECHNIQUE_COLOR, BASELINE_COLOR, "#E69F00", "#56B4E9")
+REFERENCE_COLOR = MUTED
+KL_FLOOR = 1e-6  # a KL of zero (the reference, an exact copy) is drawn here on the log axis
+
+
+def variant_color(i: int) -> str:
+    """i: the variant's place in the result (0 = the reference)."""
+    return REFERENCE_COLOR if i == 0 else VARIANT_COLORS[(i - 1) % len(VARIANT_COLORS)]
+
+
+def short_label(label: str) -> str:
+    """"INT2 KIVI (keys per channel)" -> "INT2 KIVI": axis labels that stay horizontal."""
+    return label.split(" (")[0]
+
+
+def tradeoff_figure(result: LabResult) -> go.Figure:
+    """Cache size after the run (x, log) against mean KL from the reference (y, log): down and left is better.
+    Size, not bytes per token, so quantization and eviction land on one axis."""
+    fig = go.Figure()
+    kib = [float(r.cache_bytes[-1]) / 1024 for r in result.variants]
+    kls = [max(r.mean_kl, KL_FLOOR) for r in result.variants]
+    for i, r in enumerate(result.variants):
+        # Labels alternate right and left: variants of equal size (FP8 and INT8) sit on one vertical line.
+        fig.add_trace(go.Scatter(
+            x=[kib[i]], y=[kls[i]], mode="markers+text", name=r.variant.label,
+            marker=dict(size=16, color=variant_color(i), line=dict(width=1, color="white")),
+            text=[f"{r.top1_agreement:.0%}"], textposition="middle right" if i % 2 == 0 else "middle left",
+            showlegend=True,
+            hovertemplate=(f"<b>{r.variant.label}</b><br>%{{x:,.0f}} KiB, {int(r.cached_tokens[-1])} tokens"
+                           f"<br>mean KL {r.mean_kl:.2g} nats<br>top-1 agreement {r.top1_agreement:.0%}<extra></extra>")))
+    fig.update_layout(title=dict(text="Memory against quality", subtitle=dict(
+        text="Each point a cache variant; the label is how often its top token was the reference's")),
+        xaxis=dict(title="cache after the run (KiB: K and V of every layer, scales included)", **log_axis(),
+                   range=[math.log10(min(kib)) - 0.15, math.log10(max(kib)) + 0.15]),
+        yaxis=dict(title="mean KL from the reference (nats)", **log_axis(),
+                   range=[math.log10(min(kls)) - 0.5, math.log10(max(kls)) + 0.5]))
+    return fig
+
+
+def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> go.Figure:
+    """KL(reference || variant) at every generated position, each variant fed the reference's tokens."""
+    fig = go.Figure()
+    ref = result.reference_tokens
+    for i, r in enumerate(result.variants):
+        if r.is_reference:
+            continue
+        xs = list(range(1, len(r.kl)))
+        ys = [max(float(k), KL_FLOOR) for k in r.kl[1:]]
+        agree = r.forced_argmax[1:] == np.array(ref[1:len(r.kl)])
+        hover = [f"{token_text(ref[x])!r} · KL {r.kl[x]:.2g}" + ("" if a else f" · its top: {token_text(int(r.forced_argmax[x]))!r}")
+                 for x, a in zip(xs, agree)]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=r.variant.label,
+                                 line=dict(color=variant_color(i), width=2),
+                                 marker=dict(size=[6 if a else 11 for a in agree],
+                                             symbol=["circle" if a else "x" for a in agree]),
+                                 customdata=hover, hovertemplate="%{customdata}<extra>" + r.variant.label + "</extra>"))
+    fig.update_layout(title=dict(text="How far each cache moved the next-token distribution", subtitle=dict(
+        text="Every variant fed the reference's text; × = its top token was a different one")),
+        xaxis=dict(title="generated token", **index_ticks(len(ref))),
+        yaxis=dict(title="KL from the reference (nats)", **log_axis()))
+    return fig
+
+
+def channel_figure(result: LabResult) -> go.Figure:
+    """Largest |K| and |V| per channel (x) and layer (y), one colour scale: keys have outlier channels."""
+    top = float(max(result.key_absmax.max(), result.value_absmax.max()))
+    # Axis titles name the panels: subplot titles would sit on the chart's subtitle.
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04)
+    for col, data, name in ((1, result.key_absmax, "key channel (after RoPE)"), (2, result.value_absmax, "value channel")):
+        fig.add_trace(go.Heatmap(z=data, zmin=0, zmax=top, colorscale="Viridis", showscale=col == 2,
+                                 colorbar=dict(title="max |x|"),
+                                 hovertemplate="layer %{y}, channel %{x}: max |x| %{z:.2f}<extra></extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text=name, row=1, col=col, **index_ticks(data.shape[1], max_labels=8))
+    fig.update_yaxes(title_text="layer", row=1, col=1, autorange="reversed")
+    fig.update_layout(title=dict(text="Where the large numbers are", subtitle=dict(
+        text="Largest |x| per channel and layer in the reference's cache: keys have a few bright channels")))
+    return fig
+
+
+def roundtrip_figure(result: LabResult, formats: Sequence[str]) -> go.Figure:
+    """Relative error of storing the reference's K and V in each format (mean over layers), log scale."""
+    names = [f for f in formats if FORMATS[f].compressed]
+    labels = [short_label(FORMATS[f].label) for f in names]
+    fig = go.Figure()
+    for j, (part, color) in enumerate((("keys", "#0072B2"), ("values", ACCENT))):
+        ys = [float(result.roundtrip_error[f][j].mean()) for f in names]
+        fig.add_trace(go.Bar(x=labels, y=ys, name=part, marker_color=color, text=[f"{y:.1%}" for y in ys],
+                             textposition="outside",
+                             hovertemplate="%{x}: " + part + " %{y:.2%} relative error<extra></extra>"))
+    fig.update_layout(barmode="group", title=dict(text="Error of storing the cache in each format", subtitle=dict(
+        text="‖stored − exact‖ / ‖exact‖ on the reference's own cache, mean over layers")),
+        yaxis=dict(title="relative error", **log_axis()), xaxis=dict(title=None))
+    return fig
+
+
+def kept_map_figure(counts: np.ndarray, labels: Sequence[str], prompt_len: int, heads: int, title: str) -> go.Figure:
+    """counts [layers, positions]: how many KV heads of each layer still hold each position."""
+    layers, n = counts.shape
+    scale = [[0.0, "#F1F3F6"], [0.01, "#F1F3F6"], [0.01, "#9ECAE1"], [0.5, "#4292C6"], [1.0, "#08306B"]]
+    fig = go.Figure(go.Heatmap(
+        z=counts, zmin=0, zmax=heads, colorscale=scale, xgap=0, ygap=1,
+        customdata=np.tile(np.array(labels, dtype=object), (layers, 1)),
+        colorbar=dict(title=dict(text="KV heads holding it", side="right"), tickvals=list(range(heads + 1))),
+        hovertemplate="layer %{y}, position %{x} %{customdata}: held by %{z} of " + str(heads) + " heads<extra></extra>"))
+    fig.add_vline(x=prompt_len - 0.5, line=dict(color=ACCENT, width=2, dash="dot"))
+    fig.add_annotation(x=prompt_len - 0.5, y=-0.5, yref="y", text="generated →", showarrow=False, xanchor="left",
+                       yanchor="bottom", font=dict(color=ACCENT))
+    fig.update_layout(title=dict(text=title, subtitle=dict(
+        text="Each cell a cached token of one layer; white = evicted from every head")),
+        xaxis=dict(title="position in the sequence", **index_ticks(n)),
+        yaxis=dict(title="layer", autorange="reversed"))
+    return fig
+
+
+def sink_figure(result: LabResult, layer: int, labels: Sequence[str]) -> go.Figure:
+    """Left: the attention generated tokens put on position 0, per layer. Right: one layer's attention of the
+    last generated token over every position, position 0 marked."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.42, 0.58], horizontal_spacing=0.1)
+    share = result.sink_share
+    fig.add_trace(go.Bar(x=list(range(len(share))), y=share, showlegend=False,
+                         marker_color=[ACCENT if i == layer else "#0072B2" for i in range(len(share))],
+                         hovertemplate="layer %{x}: %{y:.0%} of the attention on position 0<extra></extra>"), row=1, col=1)
+    row = result.last_attention[layer]
+    n = len(row)
+    fig.add_trace(go.Scatter(x=list(range(n)), y=row, mode="lines", showlegend=False,
+                             line=dict(color="#0072B2", width=1.5), customdata=list(labels[:n]),
+                             hovertemplate="position %{x} %{customdata}: %{y:.1%}<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=[0], y=[row[0]], mode="markers", showlegend=False,
+                             marker=dict(size=12, color=ACCENT, symbol="diamond"),
+                             hovertemplate=f"position 0 {labels[0] if labels else ''}: %{{y:.1%}}<extra></extra>"),
+                  row=1, col=2)
+    fig.add_annotation(x=0, y=float(row[0]), xref="x2", yref="y2", text=f"position 0: {row[0]:.0%}", showarrow=True,
+                       ax=60, ay=0, xanchor="left", font=dict(color=ACCENT))
+    fig.update_xaxes(title_text="layer", row=1, col=1, **index_ticks(len(share)))
+    fig.update_xaxes(title_text="position", row=1, col=2, range=[-0.03 * n, n], **index_ticks(n))
+    fig.update_yaxes(title_text="attention on position 0", tickformat=".0%", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text=f"last token's attention, layer {layer}", tickformat=".0%", rangemode="tozero",
+                     row=1, col=2)
+    fig.update_layout(title=dict(text="The attention sink", subtitle=dict(
+        text="Mean over generated tokens and query heads (reference cache); the orange bar is the layer on the right")))
+    return fig

@@ -1,0 +1,311 @@
+"""Sections of the KV cache quantization and eviction page (pages/13_kv_compression.py composes them)."""
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from engine.kv_compression import FORMATS, KVLab, LabResult
+from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
+
+from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOICES, PRESETS, PROMPTS,
+                                         RETRIEVAL_NEEDLES, LabSettings, answer_found, check_tokens, kept_counts,
+                                         memory_frame, preset_rows, rows_to_variants,
+                                         summary_frame, text_segments)
+from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
+                                       sink_figure, tradeoff_figure, variant_color)
+from app.formatting import fmt_duration, plural
+from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.explain import explanation
+
+DEFAULT_PROMPT = next(iter(PROMPTS))
+DEFAULT_PRESET = next(iter(PRESETS))
+DEFAULT_TOKENS = 32
+
+
+def kv_explanation() -> None:
+    cfg = shared_weights().config
+    explanation(
+        "Fewer bits, or fewer tokens",
+        [r"\text{KV bytes} = 2 \times L \times H_{kv} \times d \times \text{bits}/8 \times \text{tokens} + \text{scales}",
+         r"\hat x = s \cdot q + z,\quad q = \operatorname{round}\!\left(\tfrac{x - z}{s}\right) \in \{0, \dots, 2^b - 1\}",
+         r"\text{keep}(t) = \text{sinks} \cup \text{recent} \;\;[\,\cup\, \text{heavy hitters}\,]"],
+        [f"SmolLM2 stores 2 × {cfg.num_layers} × {cfg.num_kv_heads} × {cfg.head_dim} numbers per token: "
+         f"{2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2:,} bytes in BF16. **Quantization** stores them "
+         "in 8, 4 or 2 bits with a scale per group; **eviction** keeps only some tokens.",
+         "The prompt is prefilled once, exactly; its KV is then stored in each variant's format and cut to its "
+         "budget. Every generated token reads only its own compressed cache (the new token's key and value too).",
+         "**Memory against quality**: each variant fed the reference's text. KL is how far its next-token "
+         "distribution moved; agreement is how often its top token stayed the same.",
+         "**What each cache writes**: the same variants left to write their own text (greedy). A tiny KL can still "
+         "flip a near-tie and send the text elsewhere; a large one garbles it.",
+         "**Keys have outlier channels** (bright columns): a per-token INT2 scale is set by them and crushes the "
+         "rest. KIVI scales keys per channel instead, and its error drops several-fold.",
+         "**Eviction**: a sliding window loses the first tokens, where attention parks its spare weight (the "
+         "sink); StreamingLLM keeps them; H2O also keeps the tokens that got the most attention."],
+        note="KL(p‖q) = Σ p log(p/q) with p the reference's next-token distribution. L layers, H_kv KV heads, "
+             "head dimension d, b bits, scale s and zero point z per group of 32 or 64 numbers (FP8 and INT8: one "
+             "symmetric scale per token and head). Sinks: the first tokens; recent: the newest; heavy hitters: the "
+             "older tokens with the most accumulated attention, per head.")
+
+
+def backend_line() -> None:
+    dev = device()
+    where = "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+    st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) on {where} · "
+               f"reference cache in {dtype_name()} · the lab's attention is the **torch path on every device**: it "
+               "dequantizes the stored codes, then attends (no fused kernel reads FP8 or INT4 here, so times show "
+               f"the cost of unfused dequantization, not a speed-up) · engine backend: {backend_summary()}")
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+def _keys(page: str) -> dict[str, str]:
+    return {k: f"{page}-{k}" for k in ("prompt-choice", "prompt", "preset", "rows", "editor-version", "tokens",
+                                       "settings", "errors")}
+
+
+def _load_prompt(page: str) -> None:
+    k, ss = _keys(page), st.session_state
+    choice = ss[k["prompt-choice"]]
+    if choice in PROMPTS:
+        ss[k["prompt"]] = PROMPTS[choice]
+
+
+def _load_preset(page: str) -> None:
+    k, ss = _keys(page), st.session_state
+    ss[k["rows"]] = preset_rows(ss[k["preset"]])
+    ss[k["editor-version"]] = ss.get(k["editor-version"], 0) + 1  # a new editor key: it shows the preset's rows
+
+
+def default_settings() -> LabSettings:
+    variants, _ = rows_to_variants(preset_rows(DEFAULT_PRESET), dtype_name())
+    return LabSettings(DEFAULT_PROMPT, PROMPTS[DEFAULT_PROMPT], DEFAULT_TOKENS, tuple(variants))
+
+
+def settings_form(page: str) -> LabSettings:
+    """The prompt, the tokens to generate and the variant table; returns the settings to show (the last
+    ones that ran: a rejected form keeps them, with its message)."""
+    k, ss = _keys(page), st.session_state
+    ss.setdefault(k["prompt"], PROMPTS[DEFAULT_PROMPT])
+    ss.setdefault(k["rows"], preset_rows(DEFAULT_PRESET))
+    ss.setdefault(k["settings"], default_settings())
+    c = st.columns(2)
+    c[0].selectbox("Prompt", [*PROMPTS, OWN_PROMPT], key=k["prompt-choice"], on_change=_load_prompt, args=(page,))
+    c[1].selectbox("Compare", list(PRESETS), key=k["preset"], on_change=_load_preset, args=(page,),
+                   help="Fills the table below; edit it to compare anything else.")
+    with st.form(f"{page}-form", border=True):
+        c = st.columns([3, 1])
+        prompt = c[0].text_area("Prompt (sent as a chat message)", key=k["prompt"], height=110)
+        tokens = c[1].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, DEFAULT_TOKENS, key=k["tokens"],
+                                   help="Every variant runs this many steps (fewer if the reference ends its answer).")
+        rows = st.data_editor(
+            pd.DataFrame(ss[k["rows"]]), key=f"{page}-editor-{ss.get(k['editor-version'], 0)}", num_rows="dynamic",
+            width="stretch", hide_index=False,
+            column_config={
+                "format": st.column_config.SelectboxColumn(
+                    "Storage format", options=list(FORMAT_CHOICES), required=True,
+                    help="reference = the engine's own precision; KIVI formats scale keys per channel"),
+                "policy": st.column_config.SelectboxColumn(
+                    "Eviction", options=list(POLICY_CHOICES), default="none",
+                    help="none · window (newest only) · sinks (StreamingLLM) · h2o (heavy hitters)"),
+                "budget": st.column_config.NumberColumn("Budget (tokens per head)", min_value=0, step=1,
+                                                        help="tokens each head keeps; used by eviction policies"),
+                "sinks": st.column_config.NumberColumn("Sinks", min_value=0, step=1,
+                                                       help="first tokens the 'sinks' policy always keeps"),
+            })
+        st.caption(f"Up to {MAX_VARIANTS} rows; the reference (full cache, engine precision) is always added. "
+                   "Budgets apply per KV head of every layer.")
+        submitted = st.form_submit_button("Run on the model", icon=":material/play_arrow:", type="primary")
+    if submitted:
+        ss[k["errors"]] = _apply(page, str(prompt), int(tokens), rows.to_dict("records"))
+    for err in ss.get(k["errors"], []):
+        st.error(err, icon=":material/error:")
+    return ss[k["settings"]]
+
+
+def _apply(page: str, prompt: str, tokens: int, rows: list[dict]) -> list[str]:
+    """New settings from the form, or the reasons they cannot run (the last run's results stay)."""
+    k, ss = _keys(page), st.session_state
+    ss[k["rows"]] = rows
+    variants, errors = rows_to_variants(rows, dtype_name())
+    if not prompt.strip():
+        errors.insert(0, "The prompt is empty: type something for the model to answer.")
+    if (msg := check_tokens(tokens)) is not None:
+        errors.append(msg)
+    if not errors:
+        ids = prompt_ids(prompt)
+        try:
+            lab_for_checks().check(ids, variants, tokens)
+        except ValueError as e:
+            errors.append(str(e)[:1].upper() + str(e)[1:] + ".")
+    if errors:
+        return errors
+    choice = ss.get(k["prompt-choice"], DEFAULT_PROMPT)
+    name = choice if choice in PROMPTS and PROMPTS[choice] == prompt else OWN_PROMPT
+    ss[k["settings"]] = LabSettings(name, prompt, tokens, tuple(variants))
+    return []
+
+
+def prompt_ids(prompt: str) -> list[int]:
+    return shared_weights().tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+
+
+@st.cache_resource(show_spinner=False)
+def _lab(weights_id: int, dev: str, dtype: str) -> KVLab:  # noqa: ARG001 (weights_id keys the cache)
+    return KVLab(shared_weights(), device=dev, dtype=getattr(torch, dtype))
+
+
+def lab_for_checks() -> KVLab:
+    return _lab(id(shared_weights().state_dict), device(), dtype_name())
+
+
+def get_result(page: str, s: LabSettings) -> LabResult:
+    """The run for these settings: from this tab's cache, or computed now with a progress bar."""
+    cache = page_cache(page)
+    key = (s.prompt, s.max_new_tokens, s.variants)
+    if cache.get("key") == key:
+        return cache["result"]
+    bar = st.progress(0.0, text="Running every variant on the model…")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
+
+    result = lab_for_checks().run(prompt_ids(s.prompt), list(s.variants), s.max_new_tokens, progress=progress)
+    bar.empty()
+    cache.update(key=key, result=result)
+    return result
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
+    weights = shared_weights()
+    cfg, tok = weights.config, weights.tokenizer
+    n_var = len(result.variants) - 1
+    st.subheader("Memory against quality")
+    st.markdown(f"{plural(result.prompt_len, 'prompt token')}, {plural(len(result.reference_tokens), 'generated token')} "
+                f"for the reference and for each of {plural(n_var, 'variant')} (twice: fed the reference's text, "
+                f"and free). Prefill {fmt_duration(result.prefill_seconds)}, decoding every row together "
+                f"{fmt_duration(result.decode_seconds)}.")
+    st.markdown(f"**Reference answer:** {html.escape(tok.decode(list(result.reference_tokens), skip_special_tokens=True))}")
+    frame = summary_frame(result, cfg)
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
+                                                     "scales, zero points) over the tokens it holds"),
+        "Tokens": st.column_config.NumberColumn(help="tokens each KV head of every layer holds after the run"),
+        "× smaller": st.column_config.NumberColumn(format="%.2f×", help="than a BF16 cache of every token: "
+                                                   "quantization and eviction together"),
+        "Top-1 match": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
+                                                       help="share of positions where its top token is the "
+                                                            "reference's (fed the reference's text)"),
+        "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
+                                                   "next-token distributions"),
+        "Text leaves at": st.column_config.TextColumn(help="first token where its own greedy text differs from "
+                                                      "the reference's"),
+        "Attn ms": st.column_config.NumberColumn(format="%.1f", help="per decode step: reading (dequantizing) the "
+                                                 "cache and attending, all 30 layers, torch path"),
+    })
+    st.caption("Columns: bytes per cached token; tokens held per head; how many times smaller than a full BF16 "
+               "cache; how often the top token matched the reference's; mean KL from the reference; where its own "
+               "text first differs; attention time per decode step (torch path, dequantize then attend).")
+    needles = RETRIEVAL_NEEDLES.get(s.prompt_name)
+    if needles:
+        found = []
+        for r in result.variants:
+            hits = answer_found(r.free_tokens, tok.decode, needles)
+            found.append(f"{r.variant.label}: " + ", ".join(("✓ " if ok else "✗ ") + n for n, ok in hits.items()))
+        st.caption("Does each variant's own answer contain the two details? " + " · ".join(found))
+    show_figure(tradeoff_figure(result), key=f"{page}-tradeoff", height=420)
+
+
+def texts_section(result: LabResult) -> None:
+    tok = shared_weights().tokenizer
+    st.subheader("What each cache writes")
+    st.caption("Greedy decoding with each variant's own cache. Plain text matches the reference; the "
+               "highlighted rest is where it went its own way.")
+    ref = result.reference_tokens
+    lines = []
+    for i, r in enumerate(result.variants):
+        color = variant_color(i)
+        parts = "".join(f'<span class="kvq-{"same" if same else "diff"}">{html.escape(text)}</span>'
+                        for text, same in text_segments(r.free_tokens, ref, tok.decode))
+        lines.append(f'<div class="kvq-row"><span class="kvq-name" style="border-color:{color}">'
+                     f'{html.escape(r.variant.label)}</span>{parts}</div>')
+    st.markdown(_TEXT_CSS + "".join(lines), unsafe_allow_html=True)
+
+
+_TEXT_CSS = """<style>
+.kvq-row{margin:0.25rem 0 0.6rem 0;line-height:1.55;white-space:pre-wrap}
+.kvq-name{display:inline-block;font-weight:600;border-left:6px solid;padding-left:0.4rem;margin-right:0.5rem}
+.kvq-diff{background:#FDE2CC;border-radius:3px}
+</style>"""
+
+
+def positions_section(result: LabResult, page: str) -> None:
+    tok = shared_weights().tokenizer
+    if len(result.reference_tokens) < 3:
+        return
+    show_figure(kl_positions_figure(result, tok.decode_token), key=f"{page}-kl", height=400)
+
+
+def quantization_section(result: LabResult, page: str) -> None:
+    st.subheader("Why keys are harder to quantize than values")
+    show_figure(channel_figure(result), key=f"{page}-channels", height=440)
+    show_figure(roundtrip_figure(result, list(FORMATS)), key=f"{page}-roundtrip", height=380)
+    kivi, plain = result.roundtrip_error["int2-kivi"][0].mean(), result.roundtrip_error["int2"][0].mean()
+    st.caption(f"On this prompt's cache, INT2 keys scaled per token lose {plain:.0%} of their norm and scaled per "
+               f"channel (KIVI) {kivi:.0%}; values, scaled per token in both, are the same. The newest keys (fewer "
+               "than 32) wait in FP16 until their group fills, which is what KIVI's bytes per token include.")
+
+
+def eviction_section(result: LabResult, page: str) -> None:
+    weights = shared_weights()
+    cfg, tok = weights.config, weights.tokenizer
+    evicting = [(i, r) for i, r in enumerate(result.variants) if r.kept is not None]
+    st.subheader("Which tokens each policy keeps")
+    labels = [repr(tok.decode_token(t)) for t in (*result.prompt_ids, *result.reference_tokens)]
+    if evicting:
+        c = st.columns([2, 1])
+        names = [r.variant.label for _, r in evicting]
+        pick = c[0].selectbox("Variant", names, key=f"{page}-evict-variant")
+        i, r = evicting[names.index(pick)]
+        steps = r.kept.shape[0]
+        step = c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step")
+        length = result.prompt_len + step
+        counts = kept_counts(r.kept, step, length)
+        show_figure(kept_map_figure(counts, labels[:length], result.prompt_len, cfg.num_kv_heads,
+                                    f"{r.variant.label}: the cache after generated token {step}"),
+                    key=f"{page}-kept", height=460)
+    else:
+        st.info("No variant in this run evicts tokens. Pick “Eviction at a 64-token budget” above (or set a "
+                "policy in the table) to see which tokens each policy keeps.", icon=":material/info:")
+    layer = st.slider("Layer for the attention profile", 0, cfg.num_layers - 1, min(20, cfg.num_layers - 1),
+                      key=f"{page}-sink-layer")
+    show_figure(sink_figure(result, layer, labels), key=f"{page}-sink", height=380)
+    deep = result.sink_share[cfg.num_layers // 2:].mean()
+    st.caption(f"From layer {cfg.num_layers // 2} on, generated tokens put {deep:.0%} of their attention on "
+               "position 0 on average, whatever it says: softmax must put its weight somewhere, and the first "
+               "token, seen by every query, becomes the sink. Evict it and that weight lands on real tokens.")
+
+
+def memory_section(page: str) -> None:
+    cfg = shared_weights().config
+    st.subheader("What fits")
+    c = st.columns([1, 1, 3])
+    gib = c[0].number_input("KV budget (GiB)", 0.5, 1024.0, 40.0, step=0.5, key=f"{page}-gib",
+                            help="e.g. an 80 GB GPU minus weights and activations")
+    context = c[1].number_input("Context per sequence (tokens)", 256, 1_000_000, 8192, step=256, key=f"{page}-ctx")
+    frame = memory_frame(cfg, float(gib), int(context))
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        "Bytes per token": st.column_config.NumberColumn(format="%,.0f"),
+        "vs BF16": st.column_config.NumberColumn(format="%.2f×"),
+        "Tokens that fit": st.column_config.NumberColumn(format="%,d"),
+        f"Sequences of {int(context):,} tokens": st.column_config.NumberColumn(format="%,d"),
+    })
+    st.caption("By the formula, scales and zero points included (FP16 each). Eviction multiplies the same way: a "
+               "budget of B tokens per sequence holds any context in B tokens' bytes, at the quality measured above.")

@@ -1,0 +1,142 @@
+"""The KV cache quantization and eviction page under AppTest (random weights, CPU): the default run's
+sections, the eviction preset with its kept-token map, bad input as messages that keep the last results;
+plus the page's table parsing, memory table and charts on a small real lab run."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.kv_compression import FORMATS, KVLab, Variant
+from engine.kv_compression.policies import EvictionPolicy
+
+from app.analysis.kv_compression import (PRESETS, REFERENCE, kept_counts, memory_frame, preset_rows,
+                                         rows_to_variants, summary_frame, text_segments)
+from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
+                                       sink_figure, tradeoff_figure)
+from app.registry import PAGES
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+
+PAGE, PREFIX = "13_kv_compression.py", "kvq"
+SUBMIT = f"FormSubmitter:{PREFIX}-form-Run on the model"
+SECTIONS = ["Memory against quality", "What each cache writes", "Why keys are harder to quantize than values",
+            "Which tokens each policy keeps", "What fits"]
+
+
+def _summary(at: AppTest):  # noqa: ANN202 (a DataFrame)
+    """The results table (the variant editor is a dataframe too)."""
+    return next(d.value for d in at.dataframe if "Variant" in d.value.columns)
+
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.url_path == "kv-quantization-eviction")
+    assert spec.available and spec.section == "Memory and attention"
+
+
+def test_table_rows_become_variants_or_sentences() -> None:
+    variants, errors = rows_to_variants(preset_rows("Storage formats"), "float32")
+    assert not errors and [v.format for v in variants] == ["bf16", "fp8", "int8", "int4", "int2", "int2-kivi"]
+    variants, errors = rows_to_variants(preset_rows("Eviction at a 64-token budget"), "float32")
+    assert not errors and {v.format for v in variants} == {"fp32"}
+    assert [v.policy.kind for v in variants] == ["window", "sinks", "h2o"] and variants[0].policy.budget == 64
+    assert rows_to_variants([dict(format=REFERENCE, policy="none", budget=0, sinks=4)], "bfloat16")[0][0].format == "bf16"
+    # An empty row the editor added is skipped, not an error.
+    assert rows_to_variants([dict(format="int8"), dict(format=None, policy=None, budget=None, sinks=None)],
+                            "float32") == ([Variant("int8")], [])
+    bad = [([dict(format="int2-kivi", policy="h2o", budget=64, sinks=4)], "Row 1: .*cannot drop single tokens"),
+           ([dict(format="int8", policy="window", budget=3, sinks=4)], "Row 1: a KV budget of 3 tokens is too small"),
+           ([dict(format="int8"), dict(format="int8", policy="sinks", budget=64, sinks=64)], "Row 2: attention sinks"),
+           ([dict(format="int8", policy="window", budget=float("nan"), sinks=4)], "Row 1: the budget is empty"),
+           ([dict(format="int8", policy="window", budget=12.5, sinks=4)], "whole number"),
+           ([dict(format="int8"), dict(format="int8")], "Row 2 repeats an earlier row"),
+           ([dict(format="int8", policy="window", budget=8 + i, sinks=4) for i in range(7)], "at most 6"),
+           ([], "at least one row")]
+    for rows, match in bad:
+        _, errors = rows_to_variants(rows, "float32")
+        assert errors and any(__import__("re").search(match, e) for e in errors), (rows, errors)
+        assert all("\n" not in e and "Traceback" not in e for e in errors)
+
+
+def test_memory_table_follows_the_formula() -> None:
+    from engine.config import ModelConfig
+    frame = memory_frame(ModelConfig(), 1.0, 1024).set_index("Format")
+    assert frame.loc["BF16", "Bytes per token"] == 2 * 30 * 3 * 64 * 2 == 23040
+    assert frame.loc["FP32", "vs BF16"] == pytest.approx(0.5)
+    # INT4 in groups of 32: half a byte a number plus an fp16 scale and zero per 32 numbers.
+    assert frame.loc["INT4 (groups of 32)", "Bytes per token"] == 2 * 30 * 3 * (32 + 2 * 2 * 2)
+    assert frame.loc["BF16", "Tokens that fit"] == 2**30 // 23040
+    assert frame.loc["BF16", "Sequences of 1,024 tokens"] == 2**30 // 23040 // 1024
+    assert len(frame) == len(FORMATS)
+
+
+@pytest.fixture(scope="module")
+def small_run(random_weights):  # noqa: ANN001, ANN201
+    lab = KVLab(random_weights)
+    ids = random_weights.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about the sea. " * 6}])
+    variants = [Variant("int4"), Variant("int2-kivi"), Variant("fp32", EvictionPolicy("sinks", 16, 2))]
+    return lab.run(ids, variants, 6), random_weights
+
+
+def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
+    result, weights = small_run
+    frame = summary_frame(result, weights.config)
+    assert list(frame["Variant"])[0].startswith("Reference: FP32") and len(frame) == 4
+    assert frame.loc[0, "Top-1 match"] == 1.0 and frame.loc[0, "KL (nats)"] == 0.0
+    assert frame.loc[3, "Tokens"] == 16
+    # Eviction shrinks the cache as surely as fewer bits: 16 of the reference's tokens, in FP32.
+    held = int(result.variants[0].cached_tokens[-1])
+    assert frame.loc[3, "× smaller"] == pytest.approx(held / 16 / 2)
+    assert frame.loc[1, "Bytes/token"] == pytest.approx(FORMATS["int4"].bytes_per_token(30, 3, 64))
+    tok = weights.tokenizer
+    figures = [tradeoff_figure(result), kl_positions_figure(result, tok.decode_token),
+               channel_figure(result), roundtrip_figure(result, list(FORMATS)), sink_figure(result, 3, ["x"] * 400)]
+    for fig in figures:
+        assert isinstance(fig, go.Figure) and fig.layout.title.text
+    assert len(figures[0].data) == 4 and len(figures[1].data) == 3  # the reference has no KL line
+    r = result.variants[3]
+    counts = kept_counts(r.kept, r.kept.shape[0] - 1, result.prompt_len + r.kept.shape[0] - 1)
+    assert counts.shape[0] == 30 and (counts.sum(axis=1) == 16 * 3).all()
+    assert (counts[:, :2] == 3).all()  # the two sinks, in every head of every layer
+    fig = kept_map_figure(counts, ["t"] * counts.shape[1], result.prompt_len, 3, "title")
+    assert np.array_equal(np.asarray(fig.data[0].z), counts)
+
+
+def test_text_segments_split_at_the_first_difference() -> None:
+    decode = lambda ids: "".join(chr(97 + i) for i in ids)  # noqa: E731
+    assert text_segments([0, 1, 2], [0, 1, 2], decode) == [("abc", True)]
+    assert text_segments([0, 1, 5, 6], [0, 1, 2, 3], decode) == [("ab", True), ("fg", False)]
+    assert text_segments([4], [0], decode) == [("e", False)]
+
+
+def test_page_runs_the_default_comparison(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    assert [s.value for s in at.subheader] == SECTIONS
+    table = _summary(at)
+    assert len(table) == 1 + len(PRESETS["Storage formats"])
+    assert table["Variant"].iloc[0].startswith("Reference")
+    assert "torch path on every device" in " ".join(c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 5  # trade-off, KL by position, channels, round-trip errors, sink
+
+
+def test_eviction_preset_and_bad_input_keep_the_results(random_app: AppTest) -> None:
+    at = open_page(random_app, PAGE)
+    at.selectbox(key=f"{PREFIX}-preset").set_value("Eviction at a 64-token budget").run()
+    at.number_input(key=f"{PREFIX}-tokens").set_value(4)
+    at.button(key=SUBMIT).click().run()
+    assert_clean(at)
+    table = _summary(at)
+    assert len(table) == 4 and (table["Tokens"].iloc[1:] == 64).all()
+    assert at.selectbox(key=f"{PREFIX}-evict-variant").options[0].startswith("FP32 · window 64")
+    assert len(at.get("plotly_chart")) == 6  # the kept-token map joins the five
+    # An empty prompt is a message; the eviction run stays on screen.
+    at.text_area(key=f"{PREFIX}-prompt").set_value("   ")
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer."]
+    assert len(_summary(at)) == 4
+    # Too long a prompt: the lab's own sentence.
+    at.text_area(key=f"{PREFIX}-prompt").set_value("word " * 2000)
+    at.button(key=SUBMIT).click().run()
+    assert any("at most 1536" in e.value for e in at.error) and len(_summary(at)) == 4

@@ -128,7 +128,8 @@ def test_eviction_preset_and_bad_input_keep_the_results(random_app: AppTest) -> 
     assert_clean(at)
     table = _summary(at)
     assert len(table) == 4 and (table["Tokens"].iloc[1:] == 64).all()
-    assert at.selectbox(key=f"{PREFIX}-evict-variant").options[0].startswith("FP32 · window 64")
+    picker = at.selectbox(key=f"{PREFIX}-evict-variant")
+    assert picker.options[0].startswith("FP32 · window 64") and picker.value == "FP32 · H2O 64"
     assert len(at.get("plotly_chart")) == 6  # the kept-token map joins the five
     # An empty prompt is a message; the eviction run stays on screen.
     at.text_area(key=f"{PREFIX}-prompt").set_value("   ")

@@ -192,6 +192,9 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
                 f"for the reference and for each of {plural(n_var, 'variant')} (twice: fed the reference's text, "
                 f"and free). Prefill {fmt_duration(result.prefill_seconds)}, decoding every row together "
                 f"{fmt_duration(result.decode_seconds)}.")
+    if any(v == lab_for_checks().reference for v in s.variants):
+        st.caption(f"{lab_for_checks().reference.label} is the reference on this server (the engine's precision), "
+                   "so that row runs once, as the reference.")
     st.markdown(f"**Reference answer:** {html.escape(tok.decode(list(result.reference_tokens), skip_special_tokens=True))}")
     frame = summary_frame(result, cfg)
     st.dataframe(frame, hide_index=True, width="stretch", column_config={
@@ -272,7 +275,8 @@ def eviction_section(result: LabResult, page: str) -> None:
     if evicting:
         c = st.columns([2, 1])
         names = [r.variant.label for _, r in evicting]
-        pick = c[0].selectbox("Variant", names, key=f"{page}-evict-variant")
+        # The last one first: presets list H2O last, whose scattered heavy hitters are the picture worth seeing.
+        pick = c[0].selectbox("Variant", names, index=len(names) - 1, key=f"{page}-evict-variant")
         i, r = evicting[names.index(pick)]
         steps = r.kept.shape[0]
         step = c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step")

@@ -137,6 +137,12 @@ def test_eviction_preset_and_bad_input_keep_the_results(random_app: AppTest) -> 
     assert not at.exception
     assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer."]
     assert len(_summary(at)) == 4
+    # One token: nothing to scrub, every section still draws.
+    at.text_area(key=f"{PREFIX}-prompt").set_value("Say hi.")
+    at.number_input(key=f"{PREFIX}-tokens").set_value(1)
+    at.button(key=SUBMIT).click().run()
+    assert_clean(at)
+    assert [s.value for s in at.subheader] == SECTIONS and len(_summary(at)) == 4
     # Too long a prompt: the lab's own sentence.
     at.text_area(key=f"{PREFIX}-prompt").set_value("word " * 2000)
     at.button(key=SUBMIT).click().run()

@@ -105,7 +105,7 @@ def settings_form(page: str) -> LabSettings:
                                    help="Every variant runs this many steps (fewer if the reference ends its answer).")
         rows = st.data_editor(
             pd.DataFrame(ss[k["rows"]]), key=f"{page}-editor-{ss.get(k['editor-version'], 0)}", num_rows="dynamic",
-            width="stretch", hide_index=False,
+            width="stretch", hide_index=True,  # errors count rows from 1, top to bottom
             column_config={
                 "format": st.column_config.SelectboxColumn(
                     "Storage format", options=list(FORMAT_CHOICES), required=True,
@@ -279,7 +279,8 @@ def eviction_section(result: LabResult, page: str) -> None:
         pick = c[0].selectbox("Variant", names, index=len(names) - 1, key=f"{page}-evict-variant")
         i, r = evicting[names.index(pick)]
         steps = r.kept.shape[0]
-        step = c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step")
+        step = (c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step")
+                if steps > 1 else 0)  # a one-token run has nothing to scrub (and a slider needs min < max)
         length = result.prompt_len + step
         counts = kept_counts(r.kept, step, length)
         show_figure(kept_map_figure(counts, labels[:length], result.prompt_len, cfg.num_kv_heads,

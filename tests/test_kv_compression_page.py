@@ -109,7 +109,10 @@ def test_text_segments_split_at_the_first_difference() -> None:
     assert text_segments([4], [0], decode) == [("e", False)]
 
 
-def test_page_runs_the_default_comparison(random_app: AppTest) -> None:
+def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTest,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """One AppTest (each page load runs the default comparison, ~12 s): the default run's sections, then the
+    eviction preset, then bad input."""
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert [s.value for s in at.subheader] == SECTIONS
@@ -118,10 +121,6 @@ def test_page_runs_the_default_comparison(random_app: AppTest) -> None:
     assert table["Variant"].iloc[0].startswith("Reference")
     assert "torch path on every device" in " ".join(c.value for c in at.caption)
     assert len(at.get("plotly_chart")) == 5  # trade-off, KL by position, channels, round-trip errors, sink
-
-
-def test_eviction_preset_and_bad_input_keep_the_results(random_app: AppTest) -> None:
-    at = open_page(random_app, PAGE)
     at.selectbox(key=f"{PREFIX}-preset").set_value("Eviction at a 64-token budget").run()
     at.number_input(key=f"{PREFIX}-tokens").set_value(4)
     at.button(key=SUBMIT).click().run()
@@ -143,6 +142,18 @@ def test_eviction_preset_and_bad_input_keep_the_results(random_app: AppTest) -> 
     at.button(key=SUBMIT).click().run()
     assert_clean(at)
     assert [s.value for s in at.subheader] == SECTIONS and len(_summary(at)) == 4
+    # A run that fails unexpectedly is a message; the page stays up with the last results.
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("out of memory (simulated)")
+
+    working = KVLab.run
+    monkeypatch.setattr(KVLab, "run", broken)
+    at.text_area(key=f"{PREFIX}-prompt").set_value("Say hello twice.")
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The run failed: out of memory (simulated)"]
+    assert len(_summary(at)) == 4
+    monkeypatch.setattr(KVLab, "run", working)  # not undo(): that would also drop random_app's settings
     # Too long a prompt: the lab's own sentence.
     at.text_area(key=f"{PREFIX}-prompt").set_value("word " * 2000)
     at.button(key=SUBMIT).click().run()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
@@ -164,8 +165,14 @@ def lab_for_checks() -> KVLab:
     return _lab(id(shared_weights().state_dict), device(), dtype_name())
 
 
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _shared_run(key: tuple[str, ...], _run: Callable[[], LabResult]) -> LabResult:  # noqa: ARG001 (key keys it)
+    """One run per settings for the whole server: a class opening the page sees the first visitor's run."""
+    return _run()
+
+
 def get_result(page: str, s: LabSettings) -> LabResult:
-    """The run for these settings: from this tab's cache, or computed now with a progress bar."""
+    """The run for these settings: from this tab's cache, the server's, or computed now with a progress bar."""
     cache = page_cache(page)
     key = (s.prompt, s.max_new_tokens, s.variants)
     if cache.get("key") == key:
@@ -175,7 +182,16 @@ def get_result(page: str, s: LabSettings) -> LabResult:
     def progress(done: int, total: int) -> None:
         bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
 
-    result = lab_for_checks().run(prompt_ids(s.prompt), list(s.variants), s.max_new_tokens, progress=progress)
+    shared_key = (weights_mode(), device(), dtype_name(), s.prompt, str(s.max_new_tokens), repr(s.variants))
+    try:
+        result = _shared_run(shared_key, lambda: lab_for_checks().run(prompt_ids(s.prompt), list(s.variants),
+                                                                      s.max_new_tokens, progress=progress))
+    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
+        bar.empty()
+        st.error(f"The run failed: {e}", icon=":material/error:")
+        if "result" not in cache:
+            st.stop()
+        return cache["result"]
     bar.empty()
     cache.update(key=key, result=result)
     return result

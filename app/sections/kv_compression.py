@@ -132,7 +132,7 @@ def settings_form(page: str) -> LabSettings:
 def _apply(page: str, prompt: str, tokens: int, rows: list[dict]) -> list[str]:
     """New settings from the form, or the reasons they cannot run (the last run's results stay)."""
     k, ss = _keys(page), st.session_state
-    ss[k["rows"]] = rows
+    # The editor keeps its own edits; writing them back into its data would apply them twice.
     variants, errors = rows_to_variants(rows, dtype_name())
     if not prompt.strip():
         errors.insert(0, "The prompt is empty: type something for the model to answer.")

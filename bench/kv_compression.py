@@ -37,23 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results_io import write_results  # noqa: E402
 from engine.kv_compression import FORMATS, EvictionPolicy, KVLab, LabResult, Variant  # noqa: E402
 from engine.kv_compression.lab import MAX_VARIANTS  # noqa: E402
+from engine.kv_compression.prompts import RETRIEVAL_ANSWER, RETRIEVAL_NOTE  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
-
-RETRIEVAL_NOTE = (
-    "Read the note below and answer the question at the end.\n\n"
-    "Note: The museum's storage room code is 4718. Maria Alvarez, the night guard, started working at the museum "
-    "in 2019. She walks through the east wing every hour, checks the windows of the sculpture hall, and writes "
-    "what she sees in a blue notebook. The east wing holds paintings from the seventeenth century, mostly Dutch "
-    "landscapes with wide skies and small figures. On rainy nights the roof above the staircase leaks, and Maria "
-    "puts a bucket under the drip. The director, Tomas Berg, wants to move the landscapes to the west wing next "
-    "spring, because the light there is softer and the walls are drier. The west wing currently holds a "
-    "collection of old maps, which will be moved to the library. Visitors often ask Maria about the maps, "
-    "especially the one that shows the coast before the harbour was built. She tells them the harbour was "
-    "finished in 1862 and changed the town completely. The café on the ground floor closes at five, and the gift "
-    "shop sells postcards of the landscapes. Every Friday the museum stays open until nine, and a string quartet "
-    "plays in the main hall.\n\n"
-    "Question: What is the storage room code, and who is the night guard?")
-RETRIEVAL_ANSWER = "4718"
 
 SUMMARY_PARAGRAPH = (
     "Summarize the following paragraph in two sentences.\n\n"
@@ -81,9 +66,8 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def variant_row(prompt: str, result: LabResult, r, cfg, decode) -> dict:  # noqa: ANN001 (VariantResult, tokenizer)
-    bf16 = FORMATS["bf16"].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     ref = result.reference_tokens
-    full_tokens = result.prompt_len + len(ref) - 1  # what a full cache holds at the end
+    full_tokens = int(result.variants[0].cached_tokens[-1])  # what a full cache holds at the end
     held = int(r.cached_tokens[-1])
     text = decode(list(r.free_tokens))
     policy = r.variant.policy
@@ -91,12 +75,12 @@ def variant_row(prompt: str, result: LabResult, r, cfg, decode) -> dict:  # noqa
         "prompt": prompt, "variant": r.variant.label, "reference": r.is_reference, "format": r.variant.format,
         "policy": policy.kind, "budget": policy.budget if policy.kind != "none" else None,
         "sinks": policy.sinks if policy.kind == "sinks" else None,
-        "bytes_per_token": round(float(r.cache_bytes[-1]) / held, 2),
+        "bytes_per_token": round(r.bytes_per_token, 2),
         "formula_bytes_per_token": r.variant.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim),
         "tokens_held": held, "full_tokens": full_tokens, "evicted": bool(np.any(r.cached_tokens < np.arange(
             result.prompt_len, result.prompt_len + len(r.cached_tokens)))),
         "cache_bytes": int(r.cache_bytes[-1]),
-        "x_smaller_than_bf16": round(bf16 * full_tokens / float(r.cache_bytes[-1]), 3),
+        "x_smaller_than_bf16": round(result.times_smaller(r), 3),
         "top1_agreement": round(r.top1_agreement, 4), "mean_kl": round(r.mean_kl, 5),
         "perplexity": round(r.perplexity, 4), "first_divergence": r.first_divergence(ref),
         "attention_ms_per_step": round(1e3 * r.attention_seconds, 3),

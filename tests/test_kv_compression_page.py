@@ -80,7 +80,7 @@ def small_run(random_weights):  # noqa: ANN001, ANN201
 
 def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     result, weights = small_run
-    frame = summary_frame(result, weights.config)
+    frame = summary_frame(result)
     assert list(frame["Variant"])[0].startswith("Reference: FP32") and len(frame) == 4
     assert frame.loc[0, "Top-1 match"] == 1.0 and frame.loc[0, "KL (nats)"] == 0.0
     assert frame.loc[3, "Tokens"] == 16

@@ -10,26 +10,14 @@ import pandas as pd
 
 from engine.config import ModelConfig
 from engine.kv_compression import FORMATS, EvictionPolicy, LabResult, Variant
-from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
+from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS, first_difference
 from engine.kv_compression.policies import POLICY_LABELS
+from engine.kv_compression.prompts import RETRIEVAL_ANSWER, RETRIEVAL_GUARD, RETRIEVAL_NOTE
 
 REFERENCE = "reference"  # the format column's word for "the engine's own precision" (fp32 on a CPU, bf16 on a GPU)
 
 PROMPTS: dict[str, str] = {
-    "Find two details in a long note": (
-        "Read the note below and answer the question at the end.\n\n"
-        "Note: The museum's storage room code is 4718. Maria Alvarez, the night guard, started working at the "
-        "museum in 2019. She walks through the east wing every hour, checks the windows of the sculpture hall, "
-        "and writes what she sees in a blue notebook. The east wing holds paintings from the seventeenth "
-        "century, mostly Dutch landscapes with wide skies and small figures. On rainy nights the roof above the "
-        "staircase leaks, and Maria puts a bucket under the drip. The director, Tomas Berg, wants to move the "
-        "landscapes to the west wing next spring, because the light there is softer and the walls are drier. "
-        "The west wing currently holds a collection of old maps, which will be moved to the library. Visitors "
-        "often ask Maria about the maps, especially the one that shows the coast before the harbour was built. "
-        "She tells them the harbour was finished in 1862 and changed the town completely. The café on the "
-        "ground floor closes at five, and the gift shop sells postcards of the landscapes. Every Friday the "
-        "museum stays open until nine, and a string quartet plays in the main hall.\n\n"
-        "Question: What is the storage room code, and who is the night guard?"),
+    "Find two details in a long note": RETRIEVAL_NOTE,
     "Explain a concept": "Explain in a short paragraph why the sky is blue during the day and red at sunset.",
     "Write a list": "List five tips for keeping a small vegetable garden healthy, one sentence each.",
 }
@@ -113,33 +101,17 @@ def check_tokens(max_new_tokens: int) -> str | None:
 
 # ---- tables ------------------------------------------------------------------------------------------
 
-def bytes_per_token(v: Variant, cfg: ModelConfig) -> float:
-    return v.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-
-
-def measured_bytes_per_token(r) -> float:  # noqa: ANN001 (a VariantResult)
-    """The variant's cache bytes at the end of the run over the tokens it holds (scales included)."""
-    return float(r.cache_bytes[-1]) / max(1, int(r.cached_tokens[-1]))
-
-
-def full_bf16_bytes(result: LabResult, cfg: ModelConfig) -> float:
-    """A BF16 cache holding every token the reference holds: the yardstick for both ways of shrinking."""
-    bf16 = FORMATS[BF16_NAME].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-    return bf16 * int(result.variants[0].cached_tokens[-1])
-
-
-def summary_frame(result: LabResult, cfg: ModelConfig) -> pd.DataFrame:
+def summary_frame(result: LabResult) -> pd.DataFrame:
     """One row per variant: its memory and how far its predictions moved from the reference's."""
-    full = full_bf16_bytes(result, cfg)
     rows = []
     ref_tokens = result.reference_tokens
     for r in result.variants:
         div = r.first_divergence(ref_tokens)
         rows.append({
             "Variant": ("Reference: " if r.is_reference else "") + r.variant.label,
-            "Bytes/token": measured_bytes_per_token(r),
+            "Bytes/token": r.bytes_per_token,
             "Tokens": int(r.cached_tokens[-1]),
-            "× smaller": full / float(r.cache_bytes[-1]),
+            "× smaller": result.times_smaller(r),
             "Top-1 match": r.top1_agreement,
             "KL (nats)": r.mean_kl,
             "Text leaves at": "never" if div is None else f"token {div}",
@@ -168,7 +140,9 @@ def kept_counts(kept: np.ndarray, step: int, length: int) -> np.ndarray:
 
 def text_segments(tokens: Sequence[int], reference: Sequence[int], decode) -> list[tuple[str, bool]]:  # noqa: ANN001
     """The variant's text as (piece, same as the reference so far): the shared prefix, then the rest."""
-    div = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    div = first_difference(tokens, reference)
+    if div is None:
+        div = len(tokens)
     same, rest = decode(list(tokens[:div])), decode(list(tokens[div:]))
     return [(s, flag) for s, flag in ((same, True), (rest, False)) if s]
 
@@ -178,4 +152,4 @@ def answer_found(tokens: Sequence[int], decode, needles: Sequence[str]) -> dict[
     return {n: n in text for n in needles}
 
 
-RETRIEVAL_NEEDLES = {"Find two details in a long note": ("4718", "Maria")}
+RETRIEVAL_NEEDLES = {"Find two details in a long note": (RETRIEVAL_ANSWER, RETRIEVAL_GUARD)}

@@ -64,7 +64,7 @@ def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> 
             continue
         xs = list(range(1, len(r.kl)))
         ys = [max(float(k), KL_FLOOR) for k in r.kl[1:]]
-        agree = r.forced_argmax[1:] == np.array(ref[1:len(r.kl)])
+        agree = r.matches[1:]
         hover = [f"{token_text(ref[x])!r} · KL {r.kl[x]:.2g}" + ("" if a else f" · its top: {token_text(int(r.forced_argmax[x]))!r}")
                  for x, a in zip(xs, agree)]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=r.variant.label,

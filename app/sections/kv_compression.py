@@ -141,7 +141,7 @@ def _apply(page: str, prompt: str, tokens: int, rows: list[dict]) -> list[str]:
     if not errors:
         ids = prompt_ids(prompt)
         try:
-            lab_for_checks().check(ids, variants, tokens)
+            server_lab().check(ids, variants, tokens)
         except ValueError as e:
             errors.append(str(e)[:1].upper() + str(e)[1:] + ".")
     if errors:
@@ -161,7 +161,7 @@ def _lab(weights_id: int, dev: str, dtype: str) -> KVLab:  # noqa: ARG001 (weigh
     return KVLab(shared_weights(), device=dev, dtype=getattr(torch, dtype))
 
 
-def lab_for_checks() -> KVLab:
+def server_lab() -> KVLab:
     return _lab(id(shared_weights().state_dict), device(), dtype_name())
 
 
@@ -184,7 +184,7 @@ def get_result(page: str, s: LabSettings) -> LabResult:
 
     shared_key = (weights_mode(), device(), dtype_name(), s.prompt, str(s.max_new_tokens), repr(s.variants))
     try:
-        result = _shared_run(shared_key, lambda: lab_for_checks().run(prompt_ids(s.prompt), list(s.variants),
+        result = _shared_run(shared_key, lambda: server_lab().run(prompt_ids(s.prompt), list(s.variants),
                                                                       s.max_new_tokens, progress=progress))
     except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
         bar.empty()
@@ -200,19 +200,19 @@ def get_result(page: str, s: LabSettings) -> LabResult:
 # ---- results -------------------------------------------------------------------------------------
 
 def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
-    weights = shared_weights()
-    cfg, tok = weights.config, weights.tokenizer
+    tok = shared_weights().tokenizer
     n_var = len(result.variants) - 1
     st.subheader("Memory against quality")
     st.markdown(f"{plural(result.prompt_len, 'prompt token')}, {plural(len(result.reference_tokens), 'generated token')} "
                 f"for the reference and for each of {plural(n_var, 'variant')} (twice: fed the reference's text, "
                 f"and free). Prefill {fmt_duration(result.prefill_seconds)}, decoding every row together "
                 f"{fmt_duration(result.decode_seconds)}.")
-    if any(v == lab_for_checks().reference for v in s.variants):
-        st.caption(f"{lab_for_checks().reference.label} is the reference on this server (the engine's precision), "
+    reference = server_lab().reference
+    if reference in s.variants:
+        st.caption(f"{reference.label} is the reference on this server (the engine's precision), "
                    "so that row runs once, as the reference.")
     st.markdown(f"**Reference answer:** {html.escape(tok.decode(list(result.reference_tokens), skip_special_tokens=True))}")
-    frame = summary_frame(result, cfg)
+    frame = summary_frame(result)
     st.dataframe(frame, hide_index=True, width="stretch", column_config={
         "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
                                                      "scales, zero points) over the tokens it holds"),

@@ -46,13 +46,17 @@ class KVFormat:
     def compressed(self) -> bool:
         return self.kind != "float"
 
+    @property
+    def scale_bytes_per_group(self) -> int:
+        """An FP16 scale, and an FP16 zero point when asymmetric."""
+        return SCALE_DTYPE.itemsize * (1 if self.symmetric else 2)
+
     def scale_bytes_per_row(self, head_dim: int) -> int:
         """Scale (and zero point) bytes that one token-row of one head carries under per-token scaling."""
         if self.kind == "float":
             return 0
-        per_group = SCALE_DTYPE.itemsize * (1 if self.symmetric else 2)
         groups = 1 if self.kind == "fp8" else head_dim // self.group  # `encode` scales FP8 by whole rows
-        return per_group * groups
+        return self.scale_bytes_per_group * groups
 
     def bytes_per_token(self, layers: int, kv_heads: int, head_dim: int) -> float:
         """K and V bytes per token, scales included, as the formula a student would write (per-channel
@@ -64,8 +68,7 @@ class KVFormat:
         per_token_rows = rows // 2 if self.key_axis == "channel" else rows
         scales = per_token_rows * self.scale_bytes_per_row(head_dim)
         if self.key_axis == "channel":
-            per_group = SCALE_DTYPE.itemsize * (1 if self.symmetric else 2)
-            scales += layers * kv_heads * head_dim * per_group / self.token_group
+            scales += layers * kv_heads * head_dim * self.scale_bytes_per_group / self.token_group
         return payload + scales
 
 

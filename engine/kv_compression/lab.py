@@ -18,7 +18,8 @@ the time is not what one would take.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 
 from engine.kv_compression.formats import FORMATS, KVFormat, get_format, round_trip
 from engine.kv_compression.policies import EvictionPolicy
-from engine.kv_compression.store import ChannelGroupStore, TokenStore, make_store
+from engine.kv_compression.store import make_store
 from engine.model import LlamaModel, apply_rope
 from engine.weights import LoadedWeights
 from kernels.dispatch import Kernels
@@ -61,6 +62,15 @@ class Variant:
         return f"{self.kv_format.label.split(' (')[0]} · {self.policy.label}"
 
 
+def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The first position where `tokens` and `reference` differ (the shorter one's end if one stops early), or
+    None when they are the same."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class VariantResult:
     """What one variant did. Arrays are per generated position (index 0 is the token the shared prefill
@@ -69,6 +79,7 @@ class VariantResult:
     variant: Variant
     is_reference: bool
     forced_argmax: np.ndarray  # [S] the variant's top token when fed the reference's tokens
+    matches: np.ndarray  # [S] bool: that top token is the reference's
     kl: np.ndarray  # [S] KL(reference || variant) in nats (0 at index 0)
     ref_logprob: np.ndarray  # [S] log-probability the variant gave the reference's token
     free_tokens: tuple[int, ...]  # its own greedy text, up to and including an end token
@@ -84,11 +95,8 @@ class VariantResult:
     @property
     def top1_agreement(self) -> float:
         """Share of positions where the variant's top token is the reference's."""
-        ref = self.forced_argmax[self.measured]
-        return 1.0 if ref.size == 0 else float(np.mean(self._agree()))
-
-    def _agree(self) -> np.ndarray:
-        return self.forced_argmax[self.measured] == self._ref_tokens[self.measured]
+        m = self.matches[self.measured]
+        return 1.0 if m.size == 0 else float(m.mean())
 
     @property
     def mean_kl(self) -> float:
@@ -101,14 +109,14 @@ class VariantResult:
         lp = self.ref_logprob[self.measured]
         return 1.0 if lp.size == 0 else float(np.exp(-lp.mean()))
 
-    _ref_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    @property
+    def bytes_per_token(self) -> float:
+        """Its cache's bytes at the end over the tokens it holds (codes, scales, zero points; KIVI's FP16 keys)."""
+        return float(self.cache_bytes[-1]) / max(1, int(self.cached_tokens[-1]))
 
-    def first_divergence(self, reference: tuple[int, ...]) -> int | None:
-        """The first position where the free text differs from the reference's, or None."""
-        for i, (a, b) in enumerate(zip(self.free_tokens, reference)):
-            if a != b:
-                return i
-        return None if len(self.free_tokens) == len(reference) else min(len(self.free_tokens), len(reference))
+    def first_divergence(self, reference: Sequence[int]) -> int | None:
+        """The first position where its own text differs from the reference's, or None."""
+        return first_difference(self.free_tokens, reference)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -121,6 +129,7 @@ class LabResult:
     roundtrip_error: dict[str, tuple[np.ndarray, np.ndarray]]  # format -> relative error per layer (K, V)
     sink_share: np.ndarray  # [layers] mean attention the generated tokens put on position 0 (reference)
     last_attention: np.ndarray  # [layers, n] the last generated token's attention over positions, head mean
+    full_bf16_bytes: int  # a BF16 cache of every token the reference holds at the end: the common yardstick
     prefill_seconds: float
     decode_seconds: float
     device: str
@@ -129,6 +138,10 @@ class LabResult:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    def times_smaller(self, r: VariantResult) -> float:
+        """How many times smaller than a full BF16 cache `r`'s cache is: fewer bits and fewer tokens alike."""
+        return self.full_bf16_bytes / float(r.cache_bytes[-1])
 
 
 class _RowCache:
@@ -169,8 +182,8 @@ class _RowCache:
         """A copy with its own stores (the forced and free rows start from the same compressed prompt)."""
         twin = _RowCache.__new__(_RowCache)
         twin.variant, twin.device = self.variant, self.device
-        twin.k = [_copy_store(s) for s in self.k]
-        twin.v = [_copy_store(s) for s in self.v]
+        twin.k = [s.copy() for s in self.k]
+        twin.v = [s.copy() for s in self.v]
         twin.positions = [p.clone() for p in self.positions]
         twin.scores = [s.clone() for s in self.scores]
         return twin
@@ -191,16 +204,6 @@ class _RowCache:
             for h in range(pn.shape[0]):
                 out[i, h, pn[h]] = True
         return out
-
-
-def _copy_store(s: TokenStore | ChannelGroupStore) -> TokenStore | ChannelGroupStore:
-    twin = type(s).__new__(type(s))
-    twin.fmt, twin.compute_dtype = s.fmt, s.compute_dtype
-    if isinstance(s, TokenStore):
-        twin.stored = s.stored
-    else:
-        twin.groups, twin.residual, twin._read_groups = list(s.groups), s.residual, s._read_groups
-    return twin  # stored tensors are never written in place, so sharing them is safe
 
 
 @dataclass(slots=True)
@@ -334,7 +337,7 @@ class KVLab:
             ref_lp = np.zeros((n_var, max_new_tokens))
             cache_bytes = np.zeros((n_var, max_new_tokens), dtype=np.int64)
             cached = np.zeros((n_var, max_new_tokens), dtype=np.int64)
-            kept = {vi: np.zeros((max_new_tokens + 1, layers, self.cfg.num_kv_heads, total), dtype=bool)
+            kept = {vi: np.zeros((max_new_tokens, layers, self.cfg.num_kv_heads, total), dtype=bool)
                     for vi, v in enumerate(all_variants) if v.policy.kind != "none"}
             forced_argmax[:, 0] = first
             ref_lp[:, 0] = float(torch.log_softmax(logits[0].float(), -1)[first])
@@ -359,6 +362,7 @@ class KVLab:
                 for j, row in enumerate(live):
                     tok = y if row.mode == "reference" else int(torch.argmax(logp[j]))
                     row.tokens.append(tok)
+                    row.cache.evict()
                     if row.mode == "free":
                         if tok in eos:
                             done_free.add(row.index)
@@ -366,11 +370,7 @@ class KVLab:
                     forced_argmax[row.index, s] = tok
                     ref_lp[row.index, s] = float(logp[j, y])
                     kl[row.index, s] = float((logp[0].exp() * (logp[0] - logp[j])).sum())
-                    row.cache.evict()
                     self._record_cache(row, s, cache_bytes, cached, kept, total)
-                for row in live:
-                    if row.mode == "free":
-                        row.cache.evict()
                 sink_sum += np.array([float(p[0]) for p in probed])
                 last_attention = probed
                 steps += 1
@@ -393,6 +393,7 @@ class KVLab:
         ref_tokens = tuple(ref_row.tokens)
         ref_arr = np.array(ref_tokens, dtype=np.int64)
         eos = set(self.cfg.eos_token_ids)
+        cfg = self.cfg
         decode_steps = max(1, steps - 1)
         out = []
         for vi, variant in enumerate(all_variants):
@@ -403,23 +404,21 @@ class KVLab:
                 free_tokens.append(tok)
                 if tok in eos:
                     break
+            top = forced_argmax[vi, :steps].copy()  # the reference's row holds its own greedy tokens
             out.append(VariantResult(
-                variant=variant, is_reference=vi == 0,
-                forced_argmax=ref_arr.copy() if vi == 0 else forced_argmax[vi, :steps].copy(),
-                kl=kl[vi, :steps].copy(), ref_logprob=(ref_lp[0] if vi == 0 else ref_lp[vi])[:steps].copy(),
-                free_tokens=tuple(free_tokens),
+                variant=variant, is_reference=vi == 0, forced_argmax=top, matches=top == ref_arr,
+                kl=kl[vi, :steps].copy(), ref_logprob=ref_lp[vi, :steps].copy(), free_tokens=tuple(free_tokens),
                 cache_bytes=cache_bytes[vi, :steps].copy(), cached_tokens=cached[vi, :steps].copy(),
                 kept=None if vi not in kept else kept[vi][:steps].copy(),
-                attention_seconds=forced.attention_seconds / decode_steps,
-                _ref_tokens=ref_arr))
-        # The reference's own log-probabilities of its tokens (for its perplexity row).
-        ref_cache = ref_row.cache
-        k_abs, v_abs, errors = self._cache_statistics(ref_cache)
+                attention_seconds=forced.attention_seconds / decode_steps))
+        k_abs, v_abs, errors = self._cache_statistics(ref_row.cache)
+        bf16 = FORMATS["bf16"].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        full_bf16 = int(bf16 * cached[0, steps - 1])
         n = len(prompt_ids) + steps - 1
         last = (np.stack([p.float().cpu().numpy()[:n] for p in last_attention]) if last_attention
                 else np.zeros((self.cfg.num_layers, n)))
         return LabResult(tuple(prompt_ids), ref_tokens, tuple(out), k_abs, v_abs, errors,
-                         sink_sum / decode_steps, last, prefill_seconds, decode_seconds, str(self.device),
+                         sink_sum / decode_steps, last, full_bf16, prefill_seconds, decode_seconds, str(self.device),
                          str(self.dtype).removeprefix("torch."))
 
     def _cache_statistics(self, cache: _RowCache):

@@ -43,6 +43,12 @@ class TokenStore:
         assert self.stored is not None
         return decode(self.stored, self.fmt, self.compute_dtype)
 
+    def copy(self) -> "TokenStore":
+        """A store of its own over the same tensors (never written in place, so sharing them is safe)."""
+        twin = TokenStore(self.fmt, self.compute_dtype)
+        twin.stored = self.stored
+        return twin
+
     def keep(self, idx: torch.Tensor) -> None:
         """Keep tokens `idx` [Hkv, m] of each head (in that order), drop the rest."""
         s = self.stored
@@ -87,6 +93,12 @@ class ChannelGroupStore:
         if self.residual is not None:
             parts.append(self.residual.to(self.compute_dtype))
         return torch.cat(parts, dim=1)
+
+    def copy(self) -> "ChannelGroupStore":
+        """A store of its own over the same tensors (never written in place, so sharing them is safe)."""
+        twin = ChannelGroupStore(self.fmt, self.compute_dtype)
+        twin.groups, twin.residual, twin._read_groups = list(self.groups), self.residual, self._read_groups
+        return twin
 
     def keep(self, idx: torch.Tensor) -> None:
         raise ValueError("per-channel key scales cover whole groups of tokens, so this cache cannot drop single "

@@ -89,6 +89,11 @@ PAGES: tuple[PageSpec, ...] = (
              "through shared memory, both workers on one time axis, and colocated vs chunked vs disaggregated "
              "measured on the same requests.",
              ":material/swap_horiz:", "pages/10_disaggregated.py", "disaggregated-prefill-decode"),
+    PageSpec("Latency SLOs and goodput", "Serving",
+             "The live engine under Poisson load at several request rates: every request's TTFT and TPOT against "
+             "targets you set, SLO attainment and goodput per batch cap, token budget or output cap, and one run "
+             "on engine time, request by request.",
+             ":material/timer:", "pages/14_slo_goodput.py", "latency-slo-goodput"),
     PageSpec("Inference-time compute scaling", "Test-time compute",
              "More tokens for better answers: N samples sharing the prompt's KV blocks, majority vote vs the model's "
              "own certainty vs an oracle, accuracy vs tokens spent measured on a task set, and s1 budget forcing "

@@ -256,6 +256,11 @@ class LLMEngine:
             if seq.request_id == request_id and not seq.finished:
                 self._finish(seq, "aborted")
 
+    def wait_until(self, clock: float) -> None:
+        """Idle until engine time `clock` (no earlier than now): a load generator with nothing to run
+        skips ahead to its next arrival, so TTFT and TPOT read on one clock with the steps."""
+        self.clock = max(self.clock, float(clock))
+
     def has_work(self) -> bool:
         return bool(self._unfinished or self._ready_records or (self.overlap is not None and self.overlap.inflight))
 

@@ -136,3 +136,15 @@ def test_kv_compression_page_on_the_gpu(gpu_app: AppTest) -> None:
     # The storage-format preset's BF16 row is the reference here, so it runs once, as the reference.
     assert len(summary) == 6 and summary["Variant"].iloc[0] == "Reference: BF16"
     assert "BF16 is the reference on this server" in text
+
+
+def test_slo_page_on_the_gpu(gpu_app: AppTest) -> None:
+    """The latency-SLO page's default sweep on the GPU: GPU-sized rates and targets, Triton with CUDA graphs."""
+    at = open_page(gpu_app, "14_slo_goodput.py")
+    assert_clean(at)
+    text = _texts(at)
+    assert torch.cuda.get_device_name() in text and "CUDA graphs on" in text
+    assert [m.label for m in at.metric] == ["batch cap 2", "batch cap 8"]
+    runs = next(d.value for d in at.dataframe if "rate (req/s)" in d.value.columns)
+    assert sorted(set(runs["rate (req/s)"])) == [25.0, 50.0, 100.0, 200.0]
+    assert (runs["TPOT p50 (ms)"] < 10).all()  # graphs: milliseconds per token, not the CPU's ~50

@@ -1,0 +1,188 @@
+"""Plain data for the latency-SLO page: configuration presets, the settings table turned into
+`LoadConfig`s (one sentence per bad row), request rates parsed from text, and the tables the page shows."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, LoadRun, SweepResult
+from engine.serving_load.sweep import MAX_CONFIGS, MAX_RATES
+
+# Rows of the configuration table. The presets each turn one knob and hold the others.
+PRESETS: dict[str, list[dict]] = {
+    "Batch cap: 2 vs 8": [
+        dict(name="batch cap 2", batch_cap=2, token_budget=256, chunked=True, output_cap=0),
+        dict(name="batch cap 8", batch_cap=8, token_budget=256, chunked=True, output_cap=0)],
+    "Batch cap: 2 vs 8 vs 16": [
+        dict(name=f"batch cap {b}", batch_cap=b, token_budget=256, chunked=True, output_cap=0) for b in (2, 8, 16)],
+    "Token budget (chunked prefill)": [
+        dict(name="budget 64", batch_cap=8, token_budget=64, chunked=True, output_cap=0),
+        dict(name="budget 256", batch_cap=8, token_budget=256, chunked=True, output_cap=0),
+        dict(name="no chunking", batch_cap=8, token_budget=1024, chunked=False, output_cap=0)],
+    "Output cap": [
+        dict(name="no cap", batch_cap=8, token_budget=256, chunked=True, output_cap=0),
+        dict(name="cap 24 tokens", batch_cap=8, token_budget=256, chunked=True, output_cap=24)],
+}
+DEFAULT_PRESET = "Batch cap: 2 vs 8"
+COLUMNS = ("name", "batch_cap", "token_budget", "chunked", "output_cap")
+
+# Defaults per device: a CPU step of this model costs ~50 ms, an H200 one ~1-2 ms. On the H200 every
+# configuration keeps up with chat requests to 200 req/s (bench/NOTES_slo_goodput.md); the mixed workload's long
+# prompts are what separate them there.
+CPU_RATES = (1.0, 2.0, 4.0)
+GPU_RATES = (25.0, 50.0, 100.0, 200.0)
+CPU_SLO = SLO(ttft_s=1.0, tpot_s=0.08, goal=0.9)
+GPU_SLO = SLO(ttft_s=0.1, tpot_s=0.005, goal=0.9)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    workload: str  # a key of WORKLOADS
+    num_requests: int
+    seed: int
+    rates: tuple[float, ...]
+    configs: tuple[LoadConfig, ...]
+
+
+def default_workload(device: str) -> str:
+    return next(iter(WORKLOADS)) if device == "cpu" else "Mixed (chat and RAG interleaved)"
+
+
+def default_rates(device: str) -> tuple[float, ...]:
+    return CPU_RATES if device == "cpu" else GPU_RATES
+
+
+def default_slo(device: str) -> SLO:
+    return CPU_SLO if device == "cpu" else GPU_SLO
+
+
+def preset_rows(name: str) -> list[dict]:
+    return [dict(row) for row in PRESETS[name]]
+
+
+def format_rates(rates: Sequence[float]) -> str:
+    return ", ".join(f"{r:g}" for r in rates)
+
+
+def parse_rates(text: str) -> tuple[tuple[float, ...], str | None]:
+    """"0.5, 1, 2" -> (0.5, 1.0, 2.0); or the reason the text is not a list of rates."""
+    parts = [p for p in re.split(r"[,\s;]+", text.strip()) if p]
+    if not parts:
+        return (), "Give at least one request rate, e.g. 0.5, 1, 2, 4."
+    rates: list[float] = []
+    for p in parts:
+        try:
+            r = float(p)
+        except ValueError:
+            return (), f"Request rates must be numbers (requests per second); {p!r} is not."
+        if not (math.isfinite(r) and 0 < r <= 1000):
+            return (), f"Request rates must be between 0 and 1000 requests per second; got {p}."
+        rates.append(r)
+    rates = sorted(set(rates))
+    if len(rates) > MAX_RATES:
+        return (), f"Give at most {MAX_RATES} different rates; got {len(rates)}."
+    return tuple(rates), None
+
+
+def _cell_empty(value: object) -> bool:
+    return value is None or value == "" or (isinstance(value, float) and np.isnan(value))
+
+
+def _whole(value: object, what: str) -> int:
+    if _cell_empty(value):
+        raise ValueError(f"the {what} is empty")
+    f = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(f) or f != int(f):
+        raise ValueError(f"the {what} must be a whole number; got {value}")
+    return int(f)
+
+
+def rows_to_configs(rows: Sequence[Mapping]) -> tuple[list[LoadConfig], list[str]]:
+    """The table's rows as configurations, and one sentence per row that cannot run ("Row 2: ...")."""
+    configs: list[LoadConfig] = []
+    errors: list[str] = []
+    for i, row in enumerate(rows, start=1):
+        if all(_cell_empty(row.get(c)) for c in COLUMNS if c != "chunked"):
+            continue  # an empty row the editor added
+        name = "" if _cell_empty(row.get("name")) else str(row.get("name")).strip()
+        try:
+            if not name:
+                raise ValueError("give the configuration a name")
+            configs.append(LoadConfig(name, _whole(row.get("batch_cap"), "batch cap"),
+                                      _whole(row.get("token_budget"), "token budget"),
+                                      bool(row.get("chunked")) if not _cell_empty(row.get("chunked")) else True,
+                                      0 if _cell_empty(row.get("output_cap")) else _whole(row.get("output_cap"), "output cap")))
+        except ValueError as e:
+            msg = str(e).removeprefix(f"configuration {name!r}: ")
+            errors.append(f"Row {i}: {msg}.")
+    if not errors:
+        names = [c.label for c in configs]
+        for i, n in enumerate(names, start=1):
+            if n in names[: i - 1]:
+                errors.append(f"Row {i} has the same name as an earlier row ({n!r}); names label the charts.")
+        if not configs:
+            errors.append("Add at least one configuration to the table.")
+        if len(configs) > MAX_CONFIGS:
+            errors.append(f"Compare at most {MAX_CONFIGS} configurations at once; the table has {len(configs)}.")
+    return configs, errors
+
+
+def workload_line(name: str, num_requests: int) -> str:
+    w = WORKLOADS[name]
+    return (f"{num_requests} requests, prompts {w.prompt_tokens[0]}-{w.prompt_tokens[1]} tokens, answers "
+            f"{w.output_tokens[0]}-{w.output_tokens[1]} tokens, Poisson arrivals")
+
+
+def runs_frame(result: SweepResult, slo: SLO) -> pd.DataFrame:
+    """One row per (configuration, rate): attainment, latency percentiles at the goal, throughput."""
+    q = slo.goal * 100
+    rows = []
+    for run in result.runs:
+        rows.append({
+            "configuration": run.config.label,
+            "rate (req/s)": run.rate,
+            "SLO met": run.attainment(slo),
+            "TTFT p50 (s)": run.ttft_percentile(50),
+            f"TTFT p{q:g} (s)": run.ttft_percentile(q),
+            "TPOT p50 (ms)": 1000 * run.tpot_percentile(50),
+            f"TPOT p{q:g} (ms)": 1000 * run.tpot_percentile(q),
+            "output tok/s": run.throughput_tok_s,
+            "good req/s": run.goodput_req_s(slo),
+            "busy": run.busy_share,
+            "steps": len(run.steps),
+        })
+    return pd.DataFrame(rows)
+
+
+def requests_frame(run: LoadRun, slo: SLO) -> pd.DataFrame:
+    rows = [{"request": t.request_id, "arrives (s)": t.arrival_s, "prompt": t.prompt_len, "answer": t.output_tokens,
+             "waited (s)": t.queue_s, "TTFT (s)": t.ttft_s, "TPOT (ms)": 1000 * t.tpot_s,
+             "meets SLO": "yes" if t.meets(slo) else ("TTFT and TPOT missed" if not (t.meets_ttft(slo) or t.meets_tpot(slo))
+                                                      else "TTFT missed" if not t.meets_ttft(slo) else "TPOT missed")}
+            for t in run.timings]
+    return pd.DataFrame(rows)
+
+
+def goodput_text(rate: float | None, rates: Sequence[float]) -> str:
+    if rate is None:
+        return f"below {min(rates):g} req/s"
+    return f"{rate:g} req/s" + (" (or more)" if rate == max(rates) else "")
+
+
+def miss_reasons(run: LoadRun, slo: SLO) -> dict[str, int]:
+    """How many requests missed by TTFT only, TPOT only, or both."""
+    out = {"on TTFT only": 0, "on TPOT only": 0, "on both": 0}
+    for t in run.timings:
+        ttft, tpot = t.meets_ttft(slo), t.meets_tpot(slo)
+        if not ttft and not tpot:
+            out["on both"] += 1
+        elif not ttft:
+            out["on TTFT only"] += 1
+        elif not tpot:
+            out["on TPOT only"] += 1
+    return out

@@ -1,0 +1,288 @@
+"""Sections of the latency-SLO page (pages/14_slo_goodput.py composes them)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from engine.serving_load import SLO, WORKLOADS, SweepResult, run_sweep
+from engine.serving_load.sweep import MAX_CONFIGS, check_sweep
+from engine.serving_load.workload import MAX_REQUESTS, make_requests
+
+from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, default_rates, default_slo,
+                                      default_workload, format_rates, goodput_text, miss_reasons, parse_rates,
+                                      preset_rows, requests_frame, rows_to_configs, runs_frame, workload_line)
+from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
+from app.formatting import fmt_duration, plural
+from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
+from app.state import page_cache
+from app.theme import show_figure
+from app.widgets.explain import explanation
+
+MAX_PAGE_REQUESTS = 48  # of the engine's 64: a sweep on the CPU costs about a second per request per run
+
+
+def default_requests() -> int:
+    return 8 if device() == "cpu" else 48
+
+
+def slo_explanation() -> None:
+    explanation(
+        "Goodput: the load you can serve within the SLO",
+        [r"\text{TTFT}_i = t_{\text{first token}} - t_{\text{arrival}}",
+         r"\text{TPOT}_i = \frac{t_{\text{last token}} - t_{\text{first token}}}{n_i - 1}",
+         r"\text{attainment}(\lambda) = \frac{\#\{i : \text{TTFT}_i \le T_1 \wedge \text{TPOT}_i \le T_2\}}{N}",
+         r"\text{goodput} = \max\{\lambda : \text{attainment}(\lambda) \ge \text{goal}\}"],
+        ["**TTFT counts the queue.** Below capacity it is one prefill; past it, requests wait for a slot and "
+         "TTFT climbs steeply while TPOT barely moves.",
+         "**The batch cap** sets how many requests share a step. Decode steps are memory-bound, so a bigger batch "
+         "costs little more per step: more tokens per second, a slightly slower TPOT, and far less queueing.",
+         "**The token budget** caps the tokens one step computes. Small budgets cut long prompts into chunks, so "
+         "running requests keep their pace (TPOT) while new ones wait longer for their first token (TTFT).",
+         "**Output caps** end long answers early: slots free sooner, which helps everyone queued behind them.",
+         "**Throughput is not goodput.** The configuration with the most tokens per second can still miss the SLO; "
+         "change the targets on the right of the results and watch the winner change (no re-run needed)."],
+        note="λ: requests per second (Poisson arrivals), T₁ and T₂: the TTFT and TPOT targets, n_i: the tokens "
+             "request i generated. Every step is the real model; the engine clock adds up measured step times and "
+             "skips idle gaps to the next arrival, so a run at 0.5 req/s does not take real minutes.")
+
+
+def backend_line() -> None:
+    dev = device()
+    if dev == "cpu":
+        where = ("the CPU with the torch reference path: a decode step of this model costs about 50 ms here "
+                 "(an H200 with Triton kernels and CUDA graphs: about 1 ms), so the rates and targets are CPU-sized")
+    else:
+        where = f"{torch.cuda.get_device_name(torch.device(dev))} ({backend_summary()}, CUDA graphs on)"
+    st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) on {where}. Kernel "
+               "profiling is off during runs: it synchronises every launch, and an SLO is about served speed.")
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+def _keys(page: str) -> dict[str, str]:
+    return {k: f"{page}-{k}" for k in ("workload", "requests", "seed", "rates", "preset", "rows", "editor-version",
+                                       "settings", "errors", "ttft", "tpot", "goal", "pick-config", "pick-rate")}
+
+
+def _load_preset(page: str) -> None:
+    k, ss = _keys(page), st.session_state
+    ss[k["rows"]] = preset_rows(ss[k["preset"]])
+    ss[k["editor-version"]] = ss.get(k["editor-version"], 0) + 1  # a new editor key: it shows the preset's rows
+
+
+def default_settings() -> SweepSettings:
+    configs, _ = rows_to_configs(preset_rows(DEFAULT_PRESET))
+    return SweepSettings(default_workload(device()), default_requests(), 0, default_rates(device()), tuple(configs))
+
+
+def settings_form(page: str) -> SweepSettings:
+    """Workload, rates and the configuration table; returns the settings to show (the last ones that ran: a
+    rejected form keeps them, with its message)."""
+    k, ss = _keys(page), st.session_state
+    ss.setdefault(k["rows"], preset_rows(DEFAULT_PRESET))
+    ss.setdefault(k["settings"], default_settings())
+    ss.setdefault(k["rates"], format_rates(default_rates(device())))
+    st.selectbox("Compare", list(PRESETS), key=k["preset"], on_change=_load_preset, args=(page,),
+                 help="Fills the configuration table below; edit it to compare anything else.")
+    with st.form(f"{page}-form", border=True):
+        c = st.columns([2, 1, 1, 2])
+        workload = c[0].selectbox("Workload", list(WORKLOADS), index=list(WORKLOADS).index(default_workload(device())),
+                                  key=k["workload"])
+        requests = c[1].number_input("Requests", 1, MAX_PAGE_REQUESTS, default_requests(), key=k["requests"],
+                                     help="per run; every configuration and rate serves the same requests")
+        seed = c[2].number_input("Seed", 0, 10_000, 0, key=k["seed"], help="draws the lengths and arrival gaps")
+        rates = c[3].text_input("Request rates (req/s)", key=k["rates"],
+                                help="comma-separated; each rate is one run per configuration")
+        rows = st.data_editor(
+            pd.DataFrame(ss[k["rows"]]), key=f"{page}-editor-{ss.get(k['editor-version'], 0)}", num_rows="dynamic",
+            width="stretch", hide_index=True,  # errors count rows from 1, top to bottom
+            column_config={
+                "name": st.column_config.TextColumn("Name", required=True, help="labels the charts"),
+                "batch_cap": st.column_config.NumberColumn("Batch cap", min_value=1, max_value=64, step=1,
+                                                           help="max_num_seqs: sequences in one step"),
+                "token_budget": st.column_config.NumberColumn("Token budget", min_value=16, max_value=8192, step=16,
+                                                              help="max_num_batched_tokens: tokens one step computes"),
+                "chunked": st.column_config.CheckboxColumn("Chunked prefill", default=True,
+                                                           help="off: a prompt must fit one step's budget"),
+                "output_cap": st.column_config.NumberColumn("Output cap", min_value=0, step=1,
+                                                            help="0 = none; else answers stop at this many tokens"),
+            })
+        st.caption(f"Up to {MAX_CONFIGS} configurations. The KV pool of each run holds a full batch of the longest "
+                   "requests, so nothing is preempted: these runs measure scheduling (the KV cache page shows "
+                   "memory pressure).")
+        submitted = st.form_submit_button("Run the load test", icon=":material/play_arrow:", type="primary")
+    if submitted:
+        ss[k["errors"]] = _apply(page, str(workload), int(requests), int(seed), str(rates), rows.to_dict("records"))
+    for err in ss.get(k["errors"], []):
+        st.error(err, icon=":material/error:")
+    return ss[k["settings"]]
+
+
+def _apply(page: str, workload: str, requests: int, seed: int, rates_text: str, rows: list[dict]) -> list[str]:
+    """New settings from the form, or the reasons they cannot run (the last run's results stay)."""
+    k, ss = _keys(page), st.session_state
+    configs, errors = rows_to_configs(rows)
+    rates, rate_error = parse_rates(rates_text)
+    if rate_error:
+        errors.append(rate_error)
+    if not 1 <= requests <= MAX_PAGE_REQUESTS:
+        errors.append(f"Requests must be between 1 and {MAX_PAGE_REQUESTS}.")
+    if not errors:
+        try:
+            check_sweep(configs, rates)
+            trace = make_requests(WORKLOADS[workload].with_requests(requests, seed), rates[0])
+            for c in configs:
+                c.check_fits(trace)
+        except ValueError as e:
+            errors.append(str(e)[:1].upper() + str(e)[1:] + ".")
+    if errors:
+        return errors
+    ss[k["settings"]] = SweepSettings(workload, requests, seed, rates, tuple(configs))
+    return []
+
+
+def slo_controls(page: str) -> SLO:
+    """The targets, outside the form: changing them re-reads the runs, it does not re-run them."""
+    k = _keys(page)
+    base = default_slo(device())
+    st.markdown("**Latency targets** (change them freely: the runs are re-read, not re-run)")
+    c = st.columns(3)
+    ttft = c[0].number_input("TTFT target (s)", 0.001, 120.0, base.ttft_s, step=0.05, format="%.3g", key=k["ttft"])
+    tpot = c[1].number_input("TPOT target (ms)", 0.1, 10_000.0, 1000 * base.tpot_s, step=5.0, format="%.3g",
+                             key=k["tpot"])
+    goal = c[2].slider("Attainment goal (%)", 50, 100, int(round(100 * base.goal)), step=5, key=k["goal"],
+                       help="share of requests that must meet both targets for a rate to count")
+    return SLO(float(ttft), float(tpot) / 1000, goal / 100)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _shared_run(key: tuple[str, ...], _run: Callable[[], SweepResult]) -> SweepResult:  # noqa: ARG001 (key keys it)
+    """One sweep per settings for the whole server: a class opening the page sees the first visitor's run."""
+    return _run()
+
+
+def get_result(page: str, s: SweepSettings) -> SweepResult | None:
+    """The sweep for these settings: from this tab's cache, the server's, or run now with a progress bar.
+    None when it failed and nothing ran before (the page then shows only the message)."""
+    cache = page_cache(page)
+    if cache.get("key") == s:
+        return cache["result"]
+    runs = len(s.rates) * len(s.configs)
+    bar = st.progress(0.0, text=f"Running {plural(runs, 'load test')} on the model…")
+
+    def progress(share: float, what: str) -> None:
+        bar.progress(min(1.0, share), text=f"Serving {plural(s.num_requests, 'request')}: {what}…")
+
+    server = server_engine_settings()
+    workload = WORKLOADS[s.workload].with_requests(s.num_requests, s.seed)
+    shared_key = (weights_mode(), device(), repr(s))
+    try:
+        result = _shared_run(shared_key, lambda: run_sweep(shared_weights(), server, s.configs, workload, s.rates,
+                                                           progress=progress))
+    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
+        bar.empty()
+        st.error(f"The load test failed: {e}", icon=":material/error:")
+        return cache.get("result")
+    bar.empty()
+    cache.update(key=s, result=result)
+    return result
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+def summary_section(s: SweepSettings, result: SweepResult, slo: SLO) -> None:
+    st.subheader("Goodput of each configuration")
+    st.caption(f"{workload_line(s.workload, s.num_requests)} · {plural(len(result.runs), 'run')} of the real engine "
+               f"in {fmt_duration(result.seconds)} · backend: {result.backend}")
+    cols = st.columns(len(result.configs))
+    top_rate = max(result.rates)
+    for col, c in zip(cols, result.configs):
+        good = result.goodput(c.label, slo)
+        at_top = result.run(c.label, top_rate)
+        col.metric(c.label, goodput_text(good, result.rates),
+                   help=f"highest tested rate with at least {slo.goal:.0%} of requests meeting both targets")
+        col.caption(f"at {top_rate:g} req/s: {at_top.attainment(slo):.0%} met, "
+                    f"{at_top.throughput_tok_s:,.0f} output tok/s")
+    best = result.best(slo)
+    fastest = max(result.configs, key=lambda c: result.run(c.label, top_rate).throughput_tok_s).label
+    if best is None:
+        st.warning(f"No configuration reaches {slo.goal:.0%} at {min(result.rates):g} req/s with these targets. "
+                   "Loosen the targets, or add lower rates and run again.", icon=":material/warning:")
+    else:
+        note = ("" if best == fastest else f" The most tokens per second at {top_rate:g} req/s came from "
+                f"**{fastest}**: throughput and goodput pick different winners here.")
+        st.markdown(f"Highest goodput: **{best}**, {goodput_text(result.goodput(best, slo), result.rates)}.{note}")
+
+
+def curves_section(result: SweepResult, slo: SLO, page: str) -> None:
+    show_figure(attainment_figure(result, slo), key=f"{page}-attainment", height=420)
+    show_figure(latency_figure(result, slo), key=f"{page}-latency", height=380)
+
+
+def run_section(result: SweepResult, slo: SLO, page: str) -> None:
+    k = _keys(page)
+    st.subheader("One run up close")
+    c = st.columns([2, 3])
+    labels = [cfg.label for cfg in result.configs]
+    label = c[0].selectbox("Configuration", labels, key=k["pick-config"])
+    rate = c[1].select_slider("Request rate (req/s)", options=list(result.rates), value=max(result.rates),
+                              format_func=lambda r: f"{r:g}", key=k["pick-rate"]) if len(result.rates) > 1 \
+        else result.rates[0]
+    run = result.run(label, rate)
+    misses = miss_reasons(run, slo)
+    missed = sum(misses.values())
+    st.markdown(f"**{label} at {rate:g} req/s:** {run.attainment(slo):.0%} of {plural(len(run.timings), 'request')} met "
+                f"the SLO" + (f" (missed: {', '.join(f'{v} {n}' for n, v in misses.items() if v)})" if missed else "")
+                + f"; {plural(len(run.steps), 'step')}, engine busy {run.busy_share:.0%} of "
+                f"{fmt_duration(run.makespan_s)}, {run.throughput_tok_s:,.0f} output tokens per second."
+                + (f" CUDA graph capture inside this run: {fmt_duration(run.capture_s)} (a batch size the "
+                   "warm-up did not meet)." if run.capture_s > 0 else ""))
+    left, right = st.columns(2)
+    with left:
+        show_figure(request_scatter_figure(run, slo), key=f"{page}-scatter", height=440, export_width=700)
+    with right:
+        st.dataframe(requests_frame(run, slo), hide_index=True, width="stretch", height=440, column_config={
+            "arrives (s)": st.column_config.NumberColumn(format="%.2f"),
+            "waited (s)": st.column_config.NumberColumn(format="%.2f", help="arrival to its first scheduled step"),
+            "TTFT (s)": st.column_config.NumberColumn(format="%.2f"),
+            "TPOT (ms)": st.column_config.NumberColumn(format="%.0f"),
+        })
+    show_figure(timeline_figure(run, slo), key=f"{page}-timeline", height=380 + 14 * len(run.timings))
+    st.caption("Engine time is the sum of measured step times; when nothing is running it skips to the next "
+               "arrival. Grey: waiting for a slot; orange: prefill (several steps when chunked) up to the first "
+               "token; blue: decoding. Below: how many sequences each step carried, and its prompt tokens.")
+
+
+def table_section(result: SweepResult, slo: SLO, page: str) -> None:
+    st.subheader("Every run")
+    frame = runs_frame(result, slo)
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        "SLO met": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
+        "busy": st.column_config.NumberColumn(format="percent", help="share of the run the engine was computing"),
+        **{c: st.column_config.NumberColumn(format="%.3g") for c in frame.columns if "TTFT" in c or "TPOT" in c},
+        "output tok/s": st.column_config.NumberColumn(format="%.0f"),
+        "good req/s": st.column_config.NumberColumn(format="%.2f", help="requests that met the SLO per second of run"),
+    })
+    st.download_button("Download the runs (JSON)", data=json.dumps(sweep_json(result, slo), indent=1),
+                       file_name="inferscope-slo-goodput.json", mime="application/json", key=f"{page}-download",
+                       icon=":material/download:")
+
+
+def sweep_json(result: SweepResult, slo: SLO) -> dict:
+    """Settings, targets and every request's timing: enough to redraw every chart elsewhere."""
+    return {
+        "workload": result.workload.name, "num_requests": result.workload.num_requests, "seed": result.workload.seed,
+        "backend": result.backend, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "goal": slo.goal},
+        "goodput_req_s": {c.label: result.goodput(c.label, slo) for c in result.configs},
+        "runs": [{"configuration": r.config.label, "batch_cap": r.config.max_num_seqs,
+                  "token_budget": r.config.max_num_batched_tokens, "chunked_prefill": r.config.chunked_prefill,
+                  "output_cap": r.config.output_cap, "rate_req_s": r.rate, "attainment": r.attainment(slo),
+                  "requests": [{"id": t.request_id, "arrival_s": t.arrival_s, "admitted_s": t.admitted_s,
+                                "first_token_s": t.first_token_s, "finish_s": t.finish_s, "prompt_len": t.prompt_len,
+                                "output_tokens": t.output_tokens} for t in r.timings]}
+                 for r in result.runs],
+    }

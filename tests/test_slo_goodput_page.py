@@ -1,0 +1,132 @@
+"""The latency-SLO page: its table and rate parsing, charts of a small sweep, and the page under AppTest
+(random weights, CPU, a small sweep put in place of the default): sections, goodput per configuration, targets
+that re-read the runs without re-running them, and bad input as messages that keep the last results."""
+from __future__ import annotations
+
+import re
+
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.serving_load import SLO, LoadConfig, WorkloadSpec, run_sweep
+from engine.serving_load import sweep as sweep_module
+
+from app.analysis.slo_goodput import (PRESETS, SweepSettings, goodput_text, miss_reasons, parse_rates, preset_rows,
+                                      requests_frame, rows_to_configs, runs_frame)
+from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
+from app.registry import PAGES
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+
+PAGE, PREFIX = "14_slo_goodput.py", "slo"
+SUBMIT = f"FormSubmitter:{PREFIX}-form-Run the load test"
+CPU = {"device": "cpu", "dtype": "float32", "weights": "random"}
+
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.url_path == "latency-slo-goodput")
+    assert spec.available and spec.section == "Serving"
+
+
+def test_presets_and_rows_become_configs_or_sentences() -> None:
+    for name in PRESETS:
+        configs, errors = rows_to_configs(preset_rows(name))
+        assert not errors and len(configs) == len(PRESETS[name]), name
+    configs, _ = rows_to_configs(preset_rows("Token budget (chunked prefill)"))
+    assert [(c.max_num_batched_tokens, c.chunked_prefill) for c in configs] == [(64, True), (256, True), (1024, False)]
+    empty = dict(name=None, batch_cap=None, token_budget=None, chunked=None, output_cap=None)
+    assert rows_to_configs([dict(name="a", batch_cap=2, token_budget=64, chunked=True, output_cap=None), empty]) == \
+        ([LoadConfig("a", 2, 64, True, 0)], [])
+    bad = [([dict(name="", batch_cap=2, token_budget=64, chunked=True, output_cap=0)], "Row 1: give the configuration a name"),
+           ([dict(name="a", batch_cap=2.5, token_budget=64, chunked=True, output_cap=0)], "Row 1: the batch cap must be a whole"),
+           ([dict(name="a", batch_cap=2, token_budget=None, chunked=True, output_cap=0)], "Row 1: the token budget is empty"),
+           ([dict(name="a", batch_cap=99, token_budget=64, chunked=True, output_cap=0)], r"Row 1: batch cap must be an integer in \[1, 64\]"),
+           ([dict(name="a", batch_cap=2, token_budget=64, chunked=True, output_cap=0)] * 2, "Row 2 has the same name"),
+           ([dict(name=str(i), batch_cap=2, token_budget=64, chunked=True, output_cap=0) for i in range(5)], "at most 4"),
+           ([], "at least one configuration")]
+    for rows, match in bad:
+        _, errors = rows_to_configs(rows)
+        assert errors and any(re.search(match, e) for e in errors), (rows, errors)
+        assert all("\n" not in e and "configuration '" not in e for e in errors)
+
+
+def test_rates_parse_from_text() -> None:
+    assert parse_rates("4, 1 2;0.5") == ((0.5, 1.0, 2.0, 4.0), None)
+    assert parse_rates("1, 1, 2") == ((1.0, 2.0), None)
+    for text, match in (("", "at least one"), ("1, fast", "'fast' is not"), ("0", "between 0 and 1000"),
+                        ("nan", "between"), ("1 2 3 4 5 6 7", "at most 6")):
+        rates, err = parse_rates(text)
+        assert rates == () and err is not None and re.search(match, err), (text, err)
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tiny_weights):  # noqa: ANN001, ANN201
+    configs = [LoadConfig("one", 1, 64), LoadConfig("four", 4, 64)]
+    return run_sweep(tiny_weights, CPU, configs, WorkloadSpec("chat", 5, (8, 30), (3, 8), seed=2), [2.0, 500.0])
+
+
+def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
+    slo = SLO(ttft_s=0.05, tpot_s=0.05, goal=0.8)
+    frame = runs_frame(small_sweep, slo)
+    assert len(frame) == 4 and {"TTFT p80 (s)", "TPOT p80 (ms)", "SLO met"} <= set(frame.columns)
+    run = small_sweep.run("one", 500.0)
+    reqs = requests_frame(run, slo)
+    assert list(reqs["request"]) == [f"q0{i}" for i in range(5)]
+    assert sum(miss_reasons(run, slo).values()) == int((reqs["meets SLO"] != "yes").sum())
+    figs = [attainment_figure(small_sweep, slo), latency_figure(small_sweep, slo), request_scatter_figure(run, slo),
+            timeline_figure(run, slo)]
+    for fig in figs:
+        assert isinstance(fig, go.Figure) and fig.layout.title.text
+    # Two curves, and a goodput star for each configuration that has one.
+    stars = sum(small_sweep.goodput(c.label, slo) is not None for c in small_sweep.configs)
+    assert len(figs[0].data) == 2 + stars
+    assert len(figs[1].data) == 6  # TTFT, TPOT, throughput for each configuration
+    bars = [t for t in figs[3].data if isinstance(t, go.Bar) and t.orientation == "h"]
+    assert [b.name for b in bars] == ["waiting", "prefill → first token", "decoding"] and len(bars[0].y) == 5
+    assert goodput_text(None, (2.0, 500.0)) == "below 2 req/s" and goodput_text(500.0, (2.0, 500.0)).endswith("(or more)")
+
+
+def _small_settings(requests: int = 3) -> SweepSettings:
+    configs, _ = rows_to_configs(preset_rows("Batch cap: 2 vs 8"))
+    return SweepSettings(next(iter(__import__("engine.serving_load", fromlist=["WORKLOADS"]).WORKLOADS)), requests, 0,
+                         (2.0, 50.0), tuple(configs))
+
+
+def test_page_runs_rereads_targets_and_keeps_results_on_bad_input(random_app: AppTest,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One AppTest with a small sweep in place of the default (the default takes ~30 s on this CPU)."""
+    random_app.session_state[f"{PREFIX}-settings"] = _small_settings()
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    assert [s.value for s in at.subheader] == ["Goodput of each configuration", "One run up close", "Every run"]
+    assert [m.label for m in at.metric] == ["batch cap 2", "batch cap 8"]
+    assert len(at.get("plotly_chart")) == 4
+    assert "CPU" in " ".join(c.value for c in at.caption)
+    # New targets re-read the runs: nothing may run again (a run now would fail loudly).
+    def no_rerun(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the sweep ran again")
+
+    monkeypatch.setattr(sweep_module, "run_load", no_rerun)
+    at.number_input(key=f"{PREFIX}-ttft").set_value(120.0).run()
+    at.number_input(key=f"{PREFIX}-tpot").set_value(10000.0).run()
+    assert_clean(at)
+    assert [m.value for m in at.metric] == ["50 req/s (or more)"] * 2
+    at.number_input(key=f"{PREFIX}-ttft").set_value(0.001).run()
+    assert [m.value for m in at.metric] == ["below 2 req/s"] * 2
+    assert any("No configuration reaches" in w.value for w in at.warning)
+    # Bad input: messages, and the results stay.
+    at.text_input(key=f"{PREFIX}-rates").set_value("1, fast")
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception and [e.value for e in at.error] == ["Request rates must be numbers (requests per second); 'fast' is not."]
+    assert len(at.metric) == 2
+    # A failing run is a message; the last results stay on screen.
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(sweep_module, "run_load", broken)
+    at.text_input(key=f"{PREFIX}-rates").set_value("3")
+    at.number_input(key=f"{PREFIX}-requests").set_value(2)
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The load test failed: out of memory (simulated)"]
+    assert len(at.metric) == 2 and len(at.get("plotly_chart")) == 4

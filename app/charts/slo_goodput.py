@@ -84,7 +84,8 @@ def latency_figure(result: SweepResult, slo: SLO) -> go.Figure:
     # The legend goes below: above the plot it would sit on the subplot titles.
     fig.update_layout(title=dict(text="Latency and throughput against load", subtitle=dict(
         text="Queueing makes TTFT climb first; bigger batches raise TPOT but carry more tokens per second")),
-        legend=dict(orientation="h", y=-0.3, yanchor="top", x=0.5, xanchor="center"))
+        legend=dict(orientation="h", y=-0.3, yanchor="top", x=0.5, xanchor="center"),
+        margin=dict(t=125))  # title, subtitle, then the subplot titles below them
     return fig
 
 

@@ -245,7 +245,8 @@ def run_section(result: SweepResult, slo: SLO, page: str) -> None:
     with left:
         show_figure(request_scatter_figure(run, slo), key=f"{page}-scatter", height=440, export_width=700)
     with right:
-        st.dataframe(requests_frame(run, slo), hide_index=True, width="stretch", height=440, column_config={
+        st.dataframe(requests_frame(run, slo), hide_index=True, width="stretch",
+                     height=min(440, 35 * (len(run.timings) + 1) + 3), column_config={
             "arrives (s)": st.column_config.NumberColumn(format="%.2f"),
             "waited (s)": st.column_config.NumberColumn(format="%.2f", help="arrival to its first scheduled step"),
             "TTFT (s)": st.column_config.NumberColumn(format="%.2f"),

@@ -33,7 +33,7 @@ class WorkloadSpec:
                             self.seed if seed is None else seed)
 
 
-# Sized for the CPU reference path (a decode step there costs ~45-70 ms, a prompt token ~1 ms).
+# Sized for the CPU reference path (a decode step there costs ~45-105 ms, a prompt token ~1-2 ms).
 WORKLOADS: dict[str, WorkloadSpec] = {
     "Chat (short prompts, longer answers)": WorkloadSpec("chat", 16, (24, 96), (12, 32)),
     "RAG (long prompts, short answers)": WorkloadSpec("rag", 16, (256, 512), (6, 16)),

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.serving_load import SLO, LoadConfig, WorkloadSpec, run_sweep
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, run_sweep
 from engine.serving_load import sweep as sweep_module
 
 from app.analysis.slo_goodput import (PRESETS, SweepSettings, goodput_text, miss_reasons, parse_rates, preset_rows,
@@ -88,8 +88,7 @@ def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
 
 def _small_settings(requests: int = 3) -> SweepSettings:
     configs, _ = rows_to_configs(preset_rows("Batch cap: 2 vs 8"))
-    return SweepSettings(next(iter(__import__("engine.serving_load", fromlist=["WORKLOADS"]).WORKLOADS)), requests, 0,
-                         (2.0, 50.0), tuple(configs))
+    return SweepSettings(next(iter(WORKLOADS)), requests, 0, (2.0, 50.0), tuple(configs))
 
 
 def test_page_runs_rereads_targets_and_keeps_results_on_bad_input(random_app: AppTest,

@@ -8,7 +8,6 @@ from plotly.subplots import make_subplots
 
 from engine.serving_load import SLO, LoadRun, SweepResult
 
-from app.charts.axes import log_axis
 from app.charts.colors import tint
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 

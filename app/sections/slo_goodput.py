@@ -10,7 +10,7 @@ import torch
 
 from engine.serving_load import SLO, WORKLOADS, SweepResult, run_sweep
 from engine.serving_load.sweep import MAX_CONFIGS, check_sweep
-from engine.serving_load.workload import MAX_REQUESTS, make_requests
+from engine.serving_load.workload import make_requests
 
 from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, default_rates, default_slo,
                                       default_workload, format_rates, goodput_text, miss_reasons, parse_rates,

@@ -86,7 +86,7 @@ def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
     assert goodput_text(None, (2.0, 500.0)) == "below 2 req/s" and goodput_text(500.0, (2.0, 500.0)).endswith("(or more)")
 
 
-def _small_settings(requests: int = 3) -> SweepSettings:
+def _small_settings(requests: int = 2) -> SweepSettings:
     configs, _ = rows_to_configs(preset_rows("Batch cap: 2 vs 8"))
     return SweepSettings(next(iter(WORKLOADS)), requests, 0, (2.0, 50.0), tuple(configs))
 

@@ -49,7 +49,7 @@ def attainment_figure(result: SweepResult, slo: SLO) -> go.Figure:
                 marker=dict(symbol="star", size=22, color=config_color(i), line=dict(width=1.5, color="white")),
                 hovertemplate=f"<b>{c.label}</b>: goodput {good:g} req/s<extra></extra>"))
     fig.add_hline(y=100 * slo.goal, line=dict(color=MUTED, dash="dash", width=1.5),
-                  annotation_text=f"goal {slo.goal:.0%}", annotation_position="bottom left")
+                  annotation_text=f"goal {slo.goal:.0%}", annotation_position="bottom right")
     fig.update_layout(
         title=dict(text="SLO attainment against load", subtitle=dict(
             text=f"Share of requests with TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {1000 * slo.tpot_s:g} ms; "

@@ -26,7 +26,7 @@ MAX_PAGE_REQUESTS = 48  # of the engine's 64: a sweep on the CPU costs about a s
 
 
 def default_requests() -> int:
-    return 8 if device() == "cpu" else 48
+    return 6 if device() == "cpu" else 48
 
 
 def slo_explanation() -> None:

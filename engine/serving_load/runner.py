@@ -137,8 +137,8 @@ def engine_config(config: LoadConfig, requests: tuple[LoadRequest, ...], server:
 
 def new_engine(weights: LoadedWeights, server: Mapping[str, str], config: LoadConfig,
                requests: tuple[LoadRequest, ...]) -> LLMEngine:
-    """An engine for `config` that can serve `requests` (and any trace of the same lengths) run after run."""
-    config.check_fits(requests)
+    """An engine for `config` sized for `requests` (and any trace of the same lengths), to serve run after run;
+    `run_load` checks that each trace fits the configuration."""
     return LLMEngine(engine_config(config, requests, server), weights)
 
 

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class SLO:
@@ -86,10 +88,7 @@ def goodput_rate(attainment_by_rate: Iterable[tuple[float, float]], goal: float)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation; nan for no values."""
+    """The q-th percentile (0-100) by linear interpolation (numpy's default); nan for no values."""
     if not values:
         return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(values, q))

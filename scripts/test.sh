@@ -25,8 +25,12 @@ fi
 # Dequantise the GGUF into the weight cache once (~25 s), before any test needs it.
 "$PY" -m engine.weights --convert
 
+# Two workers (pytest-xdist), whole modules each: the browser module runs on one while the other takes the rest.
+# One torch thread per process: two processes of two threads each on a 2-core box spin against each other and
+# a step gets 5-10x slower. Override with PYTEST_WORKERS=0 (one process) or OMP_NUM_THREADS.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider "$@"
+"$PY" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadscope "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest: "no tests collected" is not a failure here

@@ -11,6 +11,9 @@ from engine.weights import LoadedWeights, cache_dir, default_config, find_gguf, 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Browser tests first: under `-n 2 --dist loadscope` (scripts/test.sh) their module is the longest single
+    # unit (~40 % of the suite), so it starts at once on one worker while the other takes the rest.
+    items.sort(key=lambda item: "browser" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")

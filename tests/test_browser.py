@@ -51,14 +51,35 @@ def page(browser):  # noqa: ANN001
     ctx.close()
 
 
+# Resolves once every chart holds a drawn Plotly SVG and nothing in the main area has changed for `quiet` ms
+# (Plotly draws, and re-lays out after a resize, a little after the delta arrives), or after `cap` ms.
+_SETTLED_JS = """([quiet, cap]) => new Promise(resolve => {
+    const main = document.querySelector('[data-testid="stMain"]') || document.body;
+    const drawn = () => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'));
+    let timer = null;
+    const done = () => { obs.disconnect(); clearTimeout(limit); resolve(true); };
+    const arm = () => { clearTimeout(timer); timer = setTimeout(() => drawn() ? done() : arm(), quiet); };
+    const obs = new MutationObserver(arm);
+    obs.observe(main, {subtree: true, childList: true, attributes: true, characterData: true});
+    const limit = setTimeout(done, cap);
+    arm();
+})"""
+
+
+def settle_charts(pg, quiet_ms: int = 400, cap_ms: int = 6000) -> None:  # noqa: ANN001
+    """Wait until Plotly has finished drawing: a quiet main area instead of a fixed sleep (a fixed second per
+    rerun was a third of the browser tests' time)."""
+    pg.evaluate(_SETTLED_JS, [quiet_ms, cap_ms])
+
+
 def wait_idle(pg, settle: bool = True) -> None:  # noqa: ANN001
     """Wait until the script run (callbacks included) triggered by the last action has finished:
     stApp carries the script state, the same signal Streamlit's own e2e tests wait on. `settle` then
-    gives Plotly a second to draw what the run sent; a step whose charts nobody measures skips it."""
+    waits for Plotly to draw what the run sent; a step whose charts nobody measures skips it."""
     pg.wait_for_timeout(300)
     pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=SCRIPT_TIMEOUT_MS)
     if settle:
-        pg.wait_for_timeout(1000)  # Plotly draws after the delta arrives
+        settle_charts(pg)
 
 
 def assert_clean(pg) -> None:  # noqa: ANN001
@@ -177,7 +198,7 @@ def shoot(pg, name: str) -> Path:  # noqa: ANN001
     before = pg.viewport_size
     height = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     pg.set_viewport_size({"width": before["width"], "height": min(int(height), 9000)})
-    pg.wait_for_timeout(1500)  # Plotly re-lays out on resize
+    settle_charts(pg)  # Plotly re-lays out on resize
     path = ARTIFACTS / f"{name}.png"
     pg.screenshot(path=str(path), full_page=True)
     pg.set_viewport_size(before)

@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Section order and names follow the seed outline.
-SECTIONS: tuple[str, ...] = ("Memory and attention", "Scheduling and decoding", "Serving", "Test-time compute")
+SECTIONS: tuple[str, ...] = ("Memory and attention", "Scheduling and decoding", "Serving",
+                             "Serving post-trained models", "Test-time compute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,11 @@ PAGES: tuple[PageSpec, ...] = (
              "targets you set, SLO attainment and goodput per batch cap, token budget or output cap, and one run "
              "on engine time, request by request.",
              ":material/timer:", "pages/14_slo_goodput.py", "latency-slo-goodput"),
+    PageSpec("Weight-only quantization", "Serving post-trained models",
+             "The live model's linears rounded to 4 bits (or 8, 3, 2) by round-to-nearest, AWQ and GPTQ, calibrated "
+             "on its own chat answers, on prose or on random tokens: size against KL and agreement with the full model, "
+             "the answer each checkpoint writes, the error layer by layer and the activation outliers behind it.",
+             ":material/scale:", "pages/15_weight_quantization.py", "weight-quantization"),
     PageSpec("Inference-time compute scaling", "Test-time compute",
              "More tokens for better answers: N samples sharing the prompt's KV blocks, majority vote vs the model's "
              "own certainty vs an oracle, accuracy vs tokens spent measured on a task set, and s1 budget forcing "

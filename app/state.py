@@ -60,3 +60,15 @@ def cached_by_kind(page: str, key: tuple, build: Callable[[], T]) -> T:
     if cache.get(kind, (None,))[0] != key:
         cache[kind] = (key, build())
     return cache[kind][1]
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _server_run(key: tuple, _run: Callable[[], Any]) -> Any:  # noqa: ARG001 (key keys it; _run is not hashed)
+    return _run()
+
+
+def server_wide(key: tuple, run: Callable[[], T]) -> T:
+    """One result per key for the whole server (the last 8 kept): a class opening a page with a long default
+    run (the KV compression lab, the load test, the weight quantization lab) sees the first visitor's run.
+    `key` must name the page and every setting the run depends on."""
+    return _server_run(key, run)

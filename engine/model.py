@@ -75,6 +75,13 @@ def prepare_weights(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], devic
     return prepared
 
 
+def release_prepared(state_dict: dict[str, torch.Tensor]) -> None:
+    """Forget the prepared copies of a state dict that will not run again (a quantized variant of the
+    weights): the cache above would otherwise keep ~280 MB of each alive for the process's life."""
+    for key in [k for k, (sd, _) in _PREPARED.items() if sd is state_dict]:
+        del _PREPARED[key]
+
+
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], kernels: Kernels,
                  device: torch.device, dtype: torch.dtype, max_len: int) -> None:

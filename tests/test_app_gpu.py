@@ -148,3 +148,14 @@ def test_slo_page_on_the_gpu(gpu_app: AppTest) -> None:
     runs = next(d.value for d in at.dataframe if "rate (req/s)" in d.value.columns)
     assert sorted(set(runs["rate (req/s)"])) == [25.0, 50.0, 100.0, 200.0]
     assert (runs["TPOT p50 (ms)"] < 10).all()  # graphs: milliseconds per token, not the CPU's ~50
+
+
+def test_weight_quantization_page_on_the_gpu(gpu_app: AppTest) -> None:
+    """The weight-quantization page's default run with the answers from the engine on the GPU (bf16, Triton);
+    the quantization and scoring stay on the CPU in fp32, and the page says so."""
+    at = open_page(gpu_app, "15_weight_quantization.py")
+    assert_clean(at)
+    text = _texts(at)
+    assert torch.cuda.get_device_name() in text and "(bfloat16)" in text and "quantization and scoring in fp32" in text
+    assert [m.label for m in at.metric] == ["Full precision (16-bit)", "Round-to-nearest", "AWQ", "GPTQ"]
+    assert len(at.get("plotly_chart")) == 4

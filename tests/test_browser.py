@@ -589,6 +589,33 @@ def test_slo_goodput_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
 
 
+def test_weight_quantization_page(server, page) -> None:  # noqa: ANN001
+    """The default run on a projector (the real model's linears rounded three ways, ~50 s here): the distance
+    chart, each checkpoint's answer, the layer-by-layer errors, AWQ's alphas and one input's channels, with chart
+    text that fits and stays apart; another layer input redraws the channel chart from the run."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "weight-quantization")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 4
+    assert page.locator(".wq-row").count() == 4  # the full model and three checkpoints
+    assert plotly_count(page) >= 4
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "15_weight_quantization")
+    box = page.get_by_role("combobox", name="Layer input")
+    box.click()
+    box.fill("down")
+    page.keyboard.press("Enter")
+    wait_idle(page)
+    assert_clean(page)
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="mean |x| per input channel")
+    assert "down (SwiGLU output)" in chart.inner_text()
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+
+
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     # A projector's width, where presentation mode's large metric values used to be cut off.
     page.set_viewport_size(PROJECTOR)

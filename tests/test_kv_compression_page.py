@@ -12,10 +12,11 @@ from engine.kv_compression import FORMATS, KVLab, Variant
 from engine.kv_compression.policies import EvictionPolicy
 
 from app.analysis.kv_compression import (PRESETS, REFERENCE, kept_counts, memory_frame, preset_rows,
-                                         rows_to_variants, summary_frame, text_segments)
+                                         rows_to_variants, summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure)
 from app.registry import PAGES
+from app.widgets.answer_rows import text_segments
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
 PAGE, PREFIX = "13_kv_compression.py", "kvq"

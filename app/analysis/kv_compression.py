@@ -10,7 +10,7 @@ import pandas as pd
 
 from engine.config import ModelConfig
 from engine.kv_compression import FORMATS, EvictionPolicy, LabResult, Variant
-from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS, first_difference
+from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
 from engine.kv_compression.policies import POLICY_LABELS
 from engine.kv_compression.prompts import RETRIEVAL_ANSWER, RETRIEVAL_GUARD, RETRIEVAL_NOTE
 
@@ -137,14 +137,6 @@ def kept_counts(kept: np.ndarray, step: int, length: int) -> np.ndarray:
     """[layers, length]: how many KV heads of each layer hold each position after `step`."""
     return kept[step, :, :, :length].sum(axis=1)
 
-
-def text_segments(tokens: Sequence[int], reference: Sequence[int], decode) -> list[tuple[str, bool]]:  # noqa: ANN001
-    """The variant's text as (piece, same as the reference so far): the shared prefix, then the rest."""
-    div = first_difference(tokens, reference)
-    if div is None:
-        div = len(tokens)
-    same, rest = decode(list(tokens[:div])), decode(list(tokens[div:]))
-    return [(s, flag) for s, flag in ((same, True), (rest, False)) if s]
 
 
 def answer_found(tokens: Sequence[int], decode, needles: Sequence[str]) -> dict[str, bool]:  # noqa: ANN001

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
@@ -14,13 +13,14 @@ from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
 from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOICES, PRESETS, PROMPTS,
                                          RETRIEVAL_NEEDLES, LabSettings, answer_found, check_tokens, kept_counts,
                                          memory_frame, preset_rows, rows_to_variants,
-                                         summary_frame, text_segments)
+                                         summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure, variant_color)
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
-from app.state import page_cache
+from app.state import page_cache, server_wide
 from app.theme import show_figure
+from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
 
 DEFAULT_PROMPT = next(iter(PROMPTS))
@@ -165,11 +165,6 @@ def server_lab() -> KVLab:
     return _lab(id(shared_weights().state_dict), device(), dtype_name())
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _shared_run(key: tuple[str, ...], _run: Callable[[], LabResult]) -> LabResult:  # noqa: ARG001 (key keys it)
-    """One run per settings for the whole server: a class opening the page sees the first visitor's run."""
-    return _run()
-
 
 def get_result(page: str, s: LabSettings) -> LabResult:
     """The run for these settings: from this tab's cache, the server's, or computed now with a progress bar."""
@@ -182,9 +177,9 @@ def get_result(page: str, s: LabSettings) -> LabResult:
     def progress(done: int, total: int) -> None:
         bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
 
-    shared_key = (weights_mode(), device(), dtype_name(), s.prompt, str(s.max_new_tokens), repr(s.variants))
+    shared_key = ("kv-compression", weights_mode(), device(), dtype_name(), s.prompt, str(s.max_new_tokens), repr(s.variants))
     try:
-        result = _shared_run(shared_key, lambda: server_lab().run(prompt_ids(s.prompt), list(s.variants),
+        result = server_wide(shared_key, lambda: server_lab().run(prompt_ids(s.prompt), list(s.variants),
                                                                       s.max_new_tokens, progress=progress))
     except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
         bar.empty()
@@ -247,22 +242,8 @@ def texts_section(result: LabResult) -> None:
     st.subheader("What each cache writes")
     st.caption("Greedy decoding with each variant's own cache. Plain text matches the reference; the "
                "highlighted rest is where it went its own way.")
-    ref = result.reference_tokens
-    lines = []
-    for i, r in enumerate(result.variants):
-        color = variant_color(i)
-        parts = "".join(f'<span class="kvq-{"same" if same else "diff"}">{html.escape(text)}</span>'
-                        for text, same in text_segments(r.free_tokens, ref, tok.decode))
-        lines.append(f'<div class="kvq-row"><span class="kvq-name" style="border-color:{color}">'
-                     f'{html.escape(r.variant.label)}</span>{parts}</div>')
-    st.markdown(_TEXT_CSS + "".join(lines), unsafe_allow_html=True)
-
-
-_TEXT_CSS = """<style>
-.kvq-row{margin:0.25rem 0 0.6rem 0;line-height:1.55;white-space:pre-wrap}
-.kvq-name{display:inline-block;font-weight:600;border-left:6px solid;padding-left:0.4rem;margin-right:0.5rem}
-.kvq-diff{background:#FDE2CC;border-radius:3px}
-</style>"""
+    answer_rows([(r.variant.label, variant_color(i), r.free_tokens) for i, r in enumerate(result.variants)],
+                result.reference_tokens, tok.decode, "kvq")
 
 
 def positions_section(result: LabResult, page: str) -> None:

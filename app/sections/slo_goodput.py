@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
@@ -18,7 +17,7 @@ from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, de
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
-from app.state import page_cache
+from app.state import page_cache, server_wide
 from app.theme import show_figure
 from app.widgets.explain import explanation
 
@@ -159,11 +158,6 @@ def slo_controls(page: str) -> SLO:
     return SLO(float(ttft), float(tpot) / 1000, goal / 100)
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _shared_run(key: tuple[str, ...], _run: Callable[[], SweepResult]) -> SweepResult:  # noqa: ARG001 (key keys it)
-    """One sweep per settings for the whole server: a class opening the page sees the first visitor's run."""
-    return _run()
-
 
 def get_result(page: str, s: SweepSettings) -> SweepResult | None:
     """The sweep for these settings: from this tab's cache, the server's, or run now with a progress bar.
@@ -179,9 +173,9 @@ def get_result(page: str, s: SweepSettings) -> SweepResult | None:
 
     server = server_engine_settings()
     workload = WORKLOADS[s.workload].with_requests(s.num_requests, s.seed)
-    shared_key = (weights_mode(), device(), repr(s))
+    shared_key = ("slo-goodput", weights_mode(), device(), repr(s))
     try:
-        result = _shared_run(shared_key, lambda: run_sweep(shared_weights(), server, s.configs, workload, s.rates,
+        result = server_wide(shared_key, lambda: run_sweep(shared_weights(), server, s.configs, workload, s.rates,
                                                            progress=progress))
     except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
         bar.empty()

@@ -1,0 +1,89 @@
+"""Plain data for the weight-only quantization page: the results table, per-layer errors, the activation
+profile's outliers, the decode-speed bound from the bytes, and the run as JSON."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from engine.weight_quant.lab import METHOD_LABELS, LabResult, VariantOutcome
+from kernels.ceilings import REFERENCE_CEILINGS
+
+H200 = REFERENCE_CEILINGS["NVIDIA H200"].ceilings
+INPUT_LABELS = {"qkv": "q, k, v (after the attention norm)", "o": "o (attention output)",
+                "gate_up": "gate, up (after the MLP norm)", "down": "down (SwiGLU output)"}
+
+
+def decode_bound_tok_s(weight_bytes: int, bytes_per_s: float = H200.peak_bytes_per_s) -> float:
+    """Batch-1 decode reads every weight once per token: at best bandwidth / bytes tokens per second."""
+    return bytes_per_s / weight_bytes
+
+
+def answer_note(v: VariantOutcome, reference: VariantOutcome) -> str:
+    if v.method is None:
+        return "—"
+    if v.first_difference is None:
+        return "same as full"
+    return f"token {v.first_difference + 1}"
+
+
+def results_frame(result: LabResult) -> pd.DataFrame:
+    ref = result.reference
+    rows = []
+    for v in result.outcomes:
+        chat, prose = v.scores["chat"], v.scores["prose"]
+        rows.append({
+            "Weights": v.label,
+            "Bits/weight": v.bits_per_weight,
+            "MB": v.weight_bytes / 1e6,
+            "H200 tok/s bound": decode_bound_tok_s(v.weight_bytes),
+            "Chat KL": chat.kl,
+            "Chat top-1": chat.top1,
+            "Chat answers ppl": chat.perplexity,
+            "Prose KL": prose.kl,
+            "Prose ppl": prose.perplexity,
+            "Answer leaves at": answer_note(v, ref),
+            "Quantize s": v.seconds if v.method else None,
+        })
+    return pd.DataFrame(rows)
+
+
+def layer_frame(result: LabResult) -> pd.DataFrame:
+    """One row per (method, layer, layer input): the output's relative error on the calibration inputs."""
+    rows = [{"method": METHOD_LABELS[v.method], "layer": r.layer, "input": r.input, "rel_error": r.rel_error,
+             "alpha": r.alpha} for v in result.variants if v.method for r in v.reports]
+    return pd.DataFrame(rows, columns=["method", "layer", "input", "rel_error", "alpha"])
+
+
+def outlier_stats(profile: dict[tuple[int, str], np.ndarray], layer: int, inp: str,
+                  top_share: float = 0.01) -> tuple[np.ndarray, float, int]:
+    """The mean |x| per channel, how many times the median the largest is, and how many channels make up the
+    top `top_share` (at least one)."""
+    m = profile[(layer, inp)]
+    return m, float(m.max() / max(float(np.median(m)), 1e-12)), max(1, int(round(top_share * len(m))))
+
+
+def worst_ratio_layer(profile: dict[tuple[int, str], np.ndarray], inp: str) -> int:
+    """The layer whose `inp` has the most extreme channel (max / median): the default one to look at."""
+    layers = sorted({layer for layer, name in profile if name == inp})
+    return max(layers, key=lambda layer: outlier_stats(profile, layer, inp)[1])
+
+
+
+def result_json(result: LabResult) -> str:
+    s = result.settings
+    return json.dumps({
+        "settings": {"methods": list(s.methods), "bits": s.bits, "group": s.group, "calibration": s.calibration,
+                     "calibration_tokens": s.calibration_tokens, "prompt": s.prompt,
+                     "max_new_tokens": s.max_new_tokens},
+        "device": result.device,
+        "variants": [{"label": v.label, "method": v.method, "weight_bytes": v.weight_bytes,
+                      "bits_per_weight": v.bits_per_weight, "answer": v.answer_text,
+                      "first_difference": v.first_difference, "quantize_seconds": v.seconds,
+                      "scores": {d: {"kl": sc.kl, "top1": sc.top1, "nll": sc.nll, "tokens": sc.tokens}
+                                 for d, sc in v.scores.items()},
+                      "layers": [{"layer": r.layer, "input": r.input, "rel_error": r.rel_error, "alpha": r.alpha}
+                                 for r in v.reports]}
+                     for v in result.outcomes],
+    }, indent=1)

@@ -1,0 +1,238 @@
+"""Sections of the weight-only quantization page (pages/15_weight_quantization.py composes them)."""
+from __future__ import annotations
+
+import dataclasses
+
+import streamlit as st
+import torch
+
+from engine.weight_quant.lab import (GROUPS, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, METHOD_LABELS, METHODS,
+                                     LabResult, LabSettings, run_lab)
+from engine.weight_quant.texts import CALIBRATION_SETS, WINDOW
+
+from app.analysis.weight_quant import (H200, INPUT_LABELS, decode_bound_tok_s, layer_frame, outlier_stats,
+                                       result_json, results_frame, worst_ratio_layer)
+from app.charts.weight_quant import (activation_figure, alpha_figure, layer_error_figure, method_color,
+                                     quality_figure)
+from app.formatting import fmt_duration
+from app.runtime import device, dtype_name, shared_weights, weights_mode
+from app.state import page_cache, server_wide
+from app.theme import show_figure
+from app.widgets.answer_rows import answer_rows
+from app.widgets.explain import explanation
+
+CALIBRATION_HELP = {
+    "chat": "conversations in the model's ChatML format, answered by the full model itself: the fine-tune's "
+            "own behaviour",
+    "prose": "ordinary English paragraphs, like the generic sets (C4, WikiText) most checkpoints are calibrated on",
+    "random tokens": "uniformly random token ids: activations nothing like real text's",
+}
+
+
+def wq_explanation() -> None:
+    cfg = shared_weights().config
+    explanation(
+        "Fewer bits per weight, chosen with a little data",
+        [r"\hat W = s \cdot (q - z),\quad q = \operatorname{clamp}\!\left(\operatorname{round}\!\left(\tfrac{W}{s}\right)"
+         r" + z,\; 0,\; 2^b - 1\right)",
+         r"\text{AWQ: } \hat W = Q\!\left(W \operatorname{diag}(s)\right) \operatorname{diag}(s)^{-1},\quad "
+         r"s_j = \overline{|x_j|}^{\,\alpha}",
+         r"\text{GPTQ: } \min_{\hat W} \lVert X \hat W^{\top} - X W^{\top} \rVert^2,\quad H = 2 X^{\top} X",
+         r"\text{decode tok/s} \le \frac{\text{bandwidth}}{\text{weight bytes}}"],
+        [f"Each of SmolLM2's {cfg.num_layers} layers has 7 linear weight matrices. **Round-to-nearest** puts every "
+         "weight on a grid of 2^b levels with one scale s and zero point z per group of input channels.",
+         "**AWQ** runs the calibration text through the model first. A few input channels carry activations far "
+         "larger than the rest; it scales their weights up before rounding (a finer grid for the weights that "
+         "matter) and the activations down, searching α per layer.",
+         "**GPTQ** rounds one input column at a time and moves each column's rounding error onto the columns not "
+         "yet rounded, through the inverse Hessian of the calibration inputs: the layer's output changes as "
+         "little as the grid allows.",
+         "Both quantize layer by layer, each layer from the inputs it sees once the layers before it are "
+         "quantized. **Calibrate on chat** (the fine-tune's own answers) or on generic prose and compare.",
+         "**GPTQ fits the calibration text best and generalises less**: H from a few thousand tokens barely pins "
+         "down 576 or 1,536 input channels, so it also fits that text's accidents (published runs use ~100k "
+         "tokens). Try 512 against 4,096 calibration tokens; AWQ, which only needs each channel's mean, hardly moves.",
+         "**Why bother**: a batch-1 decode step reads every weight once, so 4-bit weights make decode up to "
+         "~3.5× faster on the same GPU, and the model fits in a quarter of the memory."],
+        note="b bits; one FP16 scale and zero point per group of 32 or 64 input channels (128, the usual choice, "
+             f"does not divide this model's {cfg.hidden_size} hidden channels) or per output row; the embedding, "
+             "tied to the LM head, and the norms stay in 16 bits, as GPTQ and AWQ checkpoints keep them.")
+
+
+def backend_line() -> None:
+    dev = device()
+    where = "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+    st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) · quantization and scoring "
+               "in fp32 on the CPU; each checkpoint's answer from the live engine on "
+               f"{where} ({dtype_name()}) · the weights are **dequantized for the matmuls** (no W4A16 kernel here): "
+               "errors and texts are real; the bytes and the decode bound are what a 4-bit kernel would read."
+               + (" The full model is the GGUF's Q4_1 weights dequantized (the only copy we have: already rounded "
+                  "once, in groups of 32 with a scale and a minimum); each method rounds those values again on its "
+                  "own grid." if weights_mode() == "real" else ""))
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+def _key(page: str, name: str) -> str:
+    return f"{page}-{name}"
+
+
+def settings_form(page: str) -> LabSettings:
+    """The form; returns the settings to show (the last ones that ran: a rejected form keeps them, with its
+    message)."""
+    ss = st.session_state
+    ss.setdefault(_key(page, "settings"), LabSettings())
+    shown: LabSettings = ss[_key(page, "settings")]
+    with st.form(f"{page}-form", border=True):
+        c = st.columns([2, 1, 1, 1.3, 1.2])
+        methods = c[0].multiselect("Methods", list(METHODS), default=list(shown.methods),
+                                   format_func=METHOD_LABELS.get, key=_key(page, "methods"))
+        bits = c[1].selectbox("Bits", [8, 4, 3, 2], index=[8, 4, 3, 2].index(shown.bits), key=_key(page, "bits"))
+        group = c[2].selectbox("Group", list(GROUPS), index=list(GROUPS).index(shown.group),
+                               format_func=lambda g: "per row" if g == 0 else str(g), key=_key(page, "group"),
+                               help="input channels sharing one scale and zero point")
+        calibration = c[3].selectbox("Calibration text", list(CALIBRATION_SETS),
+                                     index=list(CALIBRATION_SETS).index(shown.calibration),
+                                     key=_key(page, "calibration"),
+                                     help=" · ".join(f"{k}: {v}" for k, v in CALIBRATION_HELP.items()))
+        tokens = c[4].number_input("Calibration tokens", WINDOW, MAX_CALIBRATION_TOKENS, shown.calibration_tokens,
+                                   step=WINDOW, key=_key(page, "tokens"),
+                                   help=f"windows of {WINDOW} tokens; more is slower and steadier")
+        c = st.columns([4, 1])
+        prompt = c[0].text_input("Prompt each checkpoint answers (a chat message)", shown.prompt,
+                                 key=_key(page, "prompt"))
+        new_tokens = c[1].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, shown.max_new_tokens,
+                                       key=_key(page, "new-tokens"))
+        submitted = st.form_submit_button("Quantize and measure", icon=":material/play_arrow:", type="primary")
+    if submitted:
+        candidate = LabSettings(tuple(methods), int(bits), int(group), calibration, int(tokens), str(prompt),
+                                int(new_tokens))
+        try:
+            candidate.check()
+        except ValueError as e:
+            ss[_key(page, "error")] = str(e)[:1].upper() + str(e)[1:] + "."
+        else:
+            ss[_key(page, "error")] = None
+            ss[_key(page, "settings")] = candidate
+    if err := ss.get(_key(page, "error")):
+        st.error(f"{err} The results below are the last run's.", icon=":material/error:")
+    return ss[_key(page, "settings")]
+
+
+def get_result(page: str, s: LabSettings) -> LabResult | None:
+    """The run for these settings: from this tab's cache, the server's, or computed now with a progress bar."""
+    cache = page_cache(page)
+    if cache.get("key") == s:
+        return cache["result"]
+    bar = st.progress(0.0, text="Quantizing…")
+
+    def progress(msg: str, frac: float) -> None:
+        bar.progress(min(1.0, max(0.0, frac)), text=msg)
+
+    key = ("weight-quant", weights_mode(), device(), dtype_name(), repr(s))
+    try:
+        result = server_wide(key, lambda: run_lab(shared_weights(), s, device(), dtype_name(), progress))
+    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
+        bar.empty()
+        st.error(f"The run failed: {e}", icon=":material/error:")
+        return cache.get("result")
+    bar.empty()
+    cache.update(key=s, result=result)
+    return result
+
+
+# ---- results -------------------------------------------------------------------------------------
+
+def summary_section(result: LabResult, page: str) -> None:
+    s = result.settings
+    st.subheader("Size against quality")
+    st.markdown(f"Every linear of every layer on **INT{s.bits}**, "
+                f"{'one scale per output row' if s.group == 0 else f'groups of {s.group}'}, calibrated on "
+                f"{result.calibration_windows * WINDOW} tokens of **{s.calibration}** text. Scored on held-out "
+                "text against the full model: chat answers the full model wrote (the fine-tune's behaviour) and "
+                "plain prose.")
+    cols = st.columns(len(result.outcomes))
+    ref = result.reference
+    for col, v in zip(cols, result.outcomes):
+        delta = None if v.method is None else f"-{1 - v.weight_bytes / ref.weight_bytes:.0%} bytes"
+        col.metric(v.label.split(" · ")[0], f"{v.weight_bytes / 1e6:,.0f} MB", delta, delta_color="off",
+                   help=f"{v.bits_per_weight:.2f} bits per linear weight; chat KL {v.scores['chat'].kl:.3g} nats")
+    frame = results_frame(result)
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        "Bits/weight": st.column_config.NumberColumn(format="%.2f", help="of the linears, scales and zero points "
+                                                     "included"),
+        "MB": st.column_config.NumberColumn(format="%.1f", help="the whole checkpoint: embedding and norms in 16 bits"),
+        "H200 tok/s bound": st.column_config.NumberColumn(
+            format="%,.0f", help=f"batch-1 decode reads every weight once: {H200.peak_bytes_per_s / 1e12:.2f} TB/s "
+                                 "(the H200's measured copy bandwidth) / checkpoint bytes"),
+        "Chat KL": st.column_config.NumberColumn(format="%.3g", help="mean KL(full ‖ quantized) per answer token"),
+        "Chat top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
+                                                      help="how often its top token is the full model's"),
+        "Chat answers ppl": st.column_config.NumberColumn(format="%.2f", help="perplexity of the full model's own "
+                                                          "answers: how surely it would still write them"),
+        "Prose KL": st.column_config.NumberColumn(format="%.3g"),
+        "Prose ppl": st.column_config.NumberColumn(format="%.2f", help="perplexity of held-out prose"),
+        "Answer leaves at": st.column_config.TextColumn(help="first token where its greedy answer to the prompt "
+                                                        "differs from the full model's"),
+        "Quantize s": st.column_config.NumberColumn(format="%.1f", help="seconds to quantize all 30 layers here"),
+    })
+    show_figure(quality_figure(result), key=f"{page}-quality", height=430)
+    best = min(result.variants, key=lambda v: v.scores["chat"].kl, default=None)
+    if best is not None:
+        st.caption(f"Closest to the full model on chat answers: **{best.label}** (KL {best.scores['chat'].kl:.3g} nats, "
+                   f"top-1 {best.scores['chat'].top1:.1%}). The decode bound: {decode_bound_tok_s(ref.weight_bytes):,.0f} "
+                   f"tok/s in 16 bits against {decode_bound_tok_s(best.weight_bytes):,.0f} at {best.bits_per_weight:.2f} "
+                   "bits, before the KV cache and the kernels' own overheads.")
+
+
+def texts_section(result: LabResult) -> None:
+    decode = shared_weights().tokenizer.decode
+    st.subheader("What each checkpoint answers")
+    st.caption(f"“{result.settings.prompt}”, greedy, from the live engine. Plain text matches the full model's "
+               "answer; the highlighted rest is where the quantized model went its own way.")
+    answer_rows([(v.label, method_color(v.method), v.answer_ids) for v in result.outcomes],
+                result.reference.answer_ids, decode, "wq")
+
+
+def layers_section(result: LabResult, page: str) -> None:
+    frame = layer_frame(result)
+    if frame.empty:
+        return
+    show_figure(layer_error_figure(frame), key=f"{page}-layers", height=420)
+    means = frame.groupby("method", sort=False)["rel_error"].mean()
+    chat = {METHOD_LABELS[v.method]: v.scores["chat"].kl for v in result.variants if v.method}
+    st.caption("Mean output error on the calibration inputs: " + " · ".join(f"{m} {e:.1%}" for m, e in means.items())
+               + ". Against the held-out chat KL above (" + " · ".join(f"{m} {k:.3g}" for m, k in chat.items())
+               + "): a method can fit the calibration text much better than it fits text it never saw, which is "
+               "GPTQ's risk with few calibration tokens.")
+    if (frame["method"] == "AWQ").any():
+        show_figure(alpha_figure(frame), key=f"{page}-alpha", height=330)
+
+
+def outliers_section(result: LabResult, page: str) -> None:
+    st.subheader("Why some weights matter more: activation outliers")
+    cfg = shared_weights().config
+    c = st.columns([1, 2])
+    inputs = list(INPUT_LABELS)
+    inp = c[0].selectbox("Layer input", inputs, format_func=INPUT_LABELS.get, key=f"{page}-outlier-input")
+    default = worst_ratio_layer(result.profile, inp)
+    layer = c[1].slider("Layer", 0, cfg.num_layers - 1, default, key=f"{page}-outlier-layer-{inp}")
+    magnitudes, ratio, top = outlier_stats(result.profile, layer, inp)
+    show_figure(activation_figure(magnitudes, top, layer, inp, ratio), key=f"{page}-outliers", height=380)
+    st.caption("A weight's rounding error reaches the output multiplied by its input: the weights that read the "
+               "orange channels matter most. AWQ scales exactly those up before rounding; GPTQ sees them as large "
+               "entries of H = 2XᵀX and moves error away from them.")
+
+
+def download_section(result: LabResult, page: str) -> None:
+    st.download_button("Download this run (JSON)", result_json(result), file_name="weight_quantization.json",
+                       mime="application/json", icon=":material/download:", key=f"{page}-download")
+    took = sum(v.seconds for v in result.variants)
+    st.caption(f"Quantizing took {fmt_duration(took)} here in all; the run is kept for everyone on this server, "
+               "so a class opening the page sees it at once.")
+
+
+def replace_settings(page: str, **changes: object) -> None:
+    """For tests and presets: change the settings the page runs next."""
+    key = _key(page, "settings")
+    st.session_state[key] = dataclasses.replace(st.session_state.get(key, LabSettings()), **changes)

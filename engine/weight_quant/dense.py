@@ -1,0 +1,90 @@
+"""A plain, unpaged forward pass over a state dict, layer by layer.
+
+Quantization works one decoder layer at a time (GPTQ and AWQ both do): the calibration tokens' hidden
+states enter layer i, its linears are quantized from the inputs they really see, and the layer's output
+is computed again with the quantized weights before it feeds layer i + 1. That needs the layer as a
+function of a hidden-state batch, which the paged engine (built around a KV pool and a scheduler) is not.
+The same function gives every position's logits for the measurements. `tests/test_weight_quant.py`
+checks it against the engine's logits.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.model import apply_rope, rope_cache
+
+# The four inputs a decoder layer's linears read, and the weights that read each (weights that share an
+# input are quantized together: AWQ picks one scale per input channel for all of them).
+LINEAR_INPUTS: dict[str, tuple[str, ...]] = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+
+# Called with (input name, the input [tokens, features]) before the linears that read it.
+InputHook = Callable[[str, torch.Tensor], None]
+
+
+def weight_key(layer: int, linear: str) -> str:
+    return f"model.layers.{layer}.{linear}.weight"
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, hook: InputHook | None = None) -> torch.Tensor:
+    """One decoder layer on h [B, T, hidden] (B sequences of T tokens, each causal from position 0)."""
+    B, T, _ = h.shape
+    p = f"model.layers.{layer}."
+    W = lambda linear: sd[weight_key(layer, linear)]  # noqa: E731
+    x = _rmsnorm(h, sd[p + "input_layernorm.weight"], cfg.rms_norm_eps).reshape(B * T, -1)
+    if hook:
+        hook("qkv", x)
+    hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = (x @ W("self_attn.q_proj").T).reshape(B * T, hq, d)
+    k = (x @ W("self_attn.k_proj").T).reshape(B * T, hk, d)
+    v = (x @ W("self_attn.v_proj").T).reshape(B, T, hk, d)
+    c, s = cos[:T].repeat(B, 1), sin[:T].repeat(B, 1)
+    q = apply_rope(q, c, s).reshape(B, T, hq, d)
+    k = apply_rope(k, c, s).reshape(B, T, hk, d)
+    attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True, enable_gqa=True, scale=d ** -0.5)
+    a = attn.transpose(1, 2).reshape(B * T, hq * d)
+    if hook:
+        hook("o", a)
+    h = h + (a @ W("self_attn.o_proj").T).reshape(B, T, -1)
+    x = _rmsnorm(h, sd[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps).reshape(B * T, -1)
+    if hook:
+        hook("gate_up", x)
+    act = F.silu(x @ W("mlp.gate_proj").T) * (x @ W("mlp.up_proj").T)
+    if hook:
+        hook("down", act)
+    return h + (act @ W("mlp.down_proj").T).reshape(B, T, -1)
+
+
+def embed(sd: dict[str, torch.Tensor], token_ids: torch.Tensor) -> torch.Tensor:
+    return sd["model.embed_tokens.weight"][token_ids]
+
+
+def rope_tables(cfg: ModelConfig, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope_cache(cfg, max_len, torch.device("cpu"))
+
+
+@torch.inference_mode()
+def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[int]) -> torch.Tensor:
+    """Next-token logits [T, vocab] at every position of one sequence (fp32)."""
+    ids = torch.tensor([token_ids])
+    cos, sin = rope_tables(cfg, len(token_ids))
+    h = embed(sd, ids).float()
+    for i in range(cfg.num_layers):
+        h = layer_forward(cfg, sd, i, h, cos, sin)
+    h = _rmsnorm(h[0], sd["model.norm.weight"], cfg.rms_norm_eps)
+    head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])  # tied embeddings
+    return (h @ head.T).float()

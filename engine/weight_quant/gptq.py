@@ -1,0 +1,57 @@
+"""GPTQ (Frantar et al., arXiv 2210.17323): quantize one input column at a time and push each column's
+rounding error onto the columns not yet quantized, weighted by the inverse Hessian of the layer's
+squared output error, H = 2 X^T X over the calibration inputs X.
+
+The error of column j is spread so that the layer's output on the calibration set changes as little as
+possible (Optimal Brain Surgeon with a fixed column order). Lazy batches of 128 columns and a Cholesky
+factor of H^-1 as in the paper's Algorithm 1; 1 % dampening on the diagonal; groups take their scale and
+zero point when the quantizer reaches their first column (the error already pushed into them included).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.weight_quant.grid import Grid, group_params, quantize_with
+
+BLOCK = 128
+DAMP = 0.01
+
+
+def hessian(x: torch.Tensor) -> torch.Tensor:
+    """H = 2 X^T X / n for calibration inputs x [tokens, in] (fp64 for the Cholesky that follows)."""
+    x = x.double()
+    return 2.0 * x.T @ x / x.shape[0]
+
+
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, grid: Grid, block: int = BLOCK,
+                  damp: float = DAMP) -> torch.Tensor:
+    """w [out, in], h [in, in] from `hessian`. Returns the dequantized weights (fp32)."""
+    W = w.float().clone()
+    out_f, in_f = W.shape
+    g = grid.group_size(in_f)
+    H = h.double().clone()
+    dead = torch.diag(H) == 0  # an input that is always zero: its weights cannot matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H += damp * torch.diag(H).mean() * torch.eye(in_f, dtype=H.dtype)
+    # The factorisation in fp64 (H of a few hundred tokens is nearly singular); the column loop in fp32.
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    Q = torch.zeros_like(W)
+    scale = zero = None
+    for i1 in range(0, in_f, block):
+        i2 = min(i1 + block, in_f)
+        W1 = W[:, i1:i2].clone()
+        Err = torch.zeros_like(W1)
+        Hb = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if col % g == 0:  # a new group: its range as it stands now, earlier errors included
+                span = W1[:, i:i + g] if i + g <= i2 - i1 else torch.cat([W1[:, i:], W[:, i2:col + g]], dim=1)
+                scale, zero = group_params(span, grid)
+            q = quantize_with(W1[:, i], scale, zero, grid)
+            Q[:, col] = q
+            err = (W1[:, i] - q) / Hb[i, i]
+            W1[:, i:] -= err[:, None] * Hb[i, i:][None, :]
+            Err[:, i] = err
+        W[:, i2:] -= Err @ Hinv[i1:i2, i2:]
+    return Q

@@ -2,7 +2,7 @@
 rounded to 4 bits (or 8, 3, 2) three ways, calibrated on real text, measured against the full model."""
 import streamlit as st
 
-from app.sections.weight_quant import (backend_line, download_section, get_result, layers_section,
+from app.sections.weight_quant import (backend_line, bits_section, download_section, get_result, layers_section,
                                        outliers_section, settings_form, summary_section, texts_section,
                                        wq_explanation)
 
@@ -19,6 +19,7 @@ result = get_result(PAGE, settings)
 if result is None:
     st.stop()
 summary_section(result, PAGE)
+bits_section(PAGE)
 texts_section(result)
 layers_section(result, PAGE)
 outliers_section(result, PAGE)

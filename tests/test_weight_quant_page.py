@@ -12,9 +12,10 @@ from streamlit.testing.v1 import AppTest
 from engine.weight_quant.lab import LabSettings, run_lab
 
 import app.sections.weight_quant as section
-from app.analysis.weight_quant import (decode_bound_tok_s, layer_frame, outlier_stats, result_json, results_frame,
+from app.analysis.weight_quant import (BENCH_PATH, decode_bound_tok_s, load_bench, layer_frame, outlier_stats, result_json, results_frame,
                                        worst_ratio_layer)
-from app.charts.weight_quant import activation_figure, alpha_figure, layer_error_figure, quality_figure
+from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
+                                     quality_figure)
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
@@ -26,6 +27,19 @@ SMALL = LabSettings(methods=("rtn", "awq"), bits=4, group=64, calibration_tokens
 def test_page_is_registered() -> None:
     spec = next(p for p in PAGES if p.url_path == "weight-quantization")
     assert spec.available and spec.section == "Serving post-trained models"
+
+
+def test_the_committed_bench_file_draws_every_bit_width(tmp_path) -> None:  # noqa: ANN001
+    frame = load_bench(BENCH_PATH)
+    assert frame is not None and sorted(set(frame["bits"])) == [3, 4, 8]
+    assert set(frame["method"]) == {"Round-to-nearest", "AWQ", "GPTQ"} and set(frame["calibration"]) == {"chat", "prose"}
+    fig = bits_sweep_figure(frame)
+    assert len(fig.data) == 6 and fig.layout.title.text
+    bad = tmp_path / "bad.json"
+    for text in ("not json", '{"weights": "real", "rows": [{"bits": 4}]}', '{"weights": "random", "rows": []}'):
+        bad.write_text(text)
+        assert load_bench(bad) is None, text
+    assert load_bench(tmp_path / "missing.json") is None
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +78,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert [s.value for s in at.subheader] == ["Size against quality", "What each checkpoint answers",
                                                "Why some weights matter more: activation outliers"]
     assert [m.label for m in at.metric] == ["Full precision (16-bit)", "Round-to-nearest", "AWQ"]
-    assert len(at.get("plotly_chart")) == 4  # size/quality, layer errors, AWQ's alphas, one input's channels
+    assert len(at.get("plotly_chart")) == 5  # distance, every bit width (bench), layer errors, alphas, channels
     assert "CPU" in " ".join(c.value for c in at.caption)
     # Another layer input redraws from the run (nothing runs again).
     monkeypatch.setattr(section, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
@@ -86,4 +100,4 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at.button(key=SUBMIT).click().run()
     assert not at.exception
     assert [e.value for e in at.error] == ["The run failed: out of memory (simulated)"]
-    assert len(at.metric) == 3 and len(at.get("plotly_chart")) == 4
+    assert len(at.metric) == 3 and len(at.get("plotly_chart")) == 5

@@ -3,6 +3,7 @@ profile's outliers, the decode-speed bound from the bytes, and the run as JSON."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,8 @@ from engine.weight_quant.lab import METHOD_LABELS, LabResult, VariantOutcome
 from kernels.ceilings import REFERENCE_CEILINGS
 
 H200 = REFERENCE_CEILINGS["NVIDIA H200"].ceilings
+BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "weight_quant_cpu.json"
+BENCH_COMMAND = "OMP_NUM_THREADS=2 PYTHONPATH=. python3 bench/weight_quant.py"
 INPUT_LABELS = {"qkv": "q, k, v (after the attention norm)", "o": "o (attention output)",
                 "gate_up": "gate, up (after the MLP norm)", "down": "down (SwiGLU output)"}
 
@@ -87,3 +90,19 @@ def result_json(result: LabResult) -> str:
                                  for r in v.reports]}
                      for v in result.outcomes],
     }, indent=1)
+
+
+def load_bench(path: Path = BENCH_PATH) -> pd.DataFrame | None:
+    """Every bit width and calibration set bench/weight_quant.py measured on the real model: one row per
+    (bits, calibration, method), or None when the file is missing or not what the bench writes."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("weights") != "real":
+            return None
+        frame = pd.DataFrame([{"bits": int(r["bits"]), "calibration": str(r["calibration"]),
+                               "method": METHOD_LABELS[r["method"]], "bits_per_weight": float(r["bits_per_weight"]),
+                               "mb": float(r["mb"]), "chat_kl": float(r["chat_kl"]), "prose_kl": float(r["prose_kl"]),
+                               "chat_top1": float(r["chat_top1"])} for r in data["rows"]])
+        return frame if len(frame) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -98,3 +98,23 @@ def activation_figure(magnitudes: np.ndarray, top: int, layer: int, inp: str, ra
         xaxis=dict(title="input channel"), yaxis=dict(title="mean |x| on the calibration tokens", **log_axis()),
         bargap=0, margin=dict(t=100))
     return fig
+
+
+def bits_sweep_figure(frame: pd.DataFrame) -> go.Figure:
+    """Bits per weight (x) against KL on held-out chat answers (y, log), a line per method and calibration set."""
+    fig = go.Figure()
+    for (method, calibration), rows in frame.groupby(["method", "calibration"], sort=False):
+        rows = rows.sort_values("bits_per_weight")
+        fig.add_trace(go.Scatter(
+            x=rows["bits_per_weight"], y=rows["chat_kl"], mode="lines+markers", name=f"{method}, {calibration}",
+            line=dict(color=METHOD_COLORS[method], dash="solid" if calibration == "chat" else "dot", width=2),
+            marker=dict(size=8), customdata=np.stack([rows["mb"], rows["chat_top1"]], axis=1),
+            hovertemplate=(f"<b>{method}</b>, calibrated on {calibration}<br>%{{x:.2f}} bits per weight, "
+                           "%{customdata[0]:.0f} MB<br>chat KL %{y:.3g} · top-1 %{customdata[1]:.1%}<extra></extra>")))
+    fig.update_layout(
+        title=dict(text="Every bit width, measured earlier", subtitle=dict(
+            text="Solid: calibrated on chat answers · dotted: on prose · groups of 64")),
+        xaxis=dict(title="bits per linear weight (scales and zero points included)", autorange="reversed"),
+        yaxis=dict(title="KL on chat answers (nats)", **log_axis()),
+        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=110, b=110))
+    return fig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.weight_quant.grid import Grid, group_params, quantize_with
+from engine.weight_quant.grid import Grid, group_params
 
 BLOCK = 128
 DAMP = 0.01
@@ -36,22 +36,26 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, grid: Grid, block: int = BLO
     H += damp * torch.diag(H).mean() * torch.eye(in_f, dtype=H.dtype)
     # The factorisation in fp64 (H of a few hundred tokens is nearly singular); the column loop in fp32.
     Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
-    Q = torch.zeros_like(W)
+    # The loop walks columns: keep them as contiguous rows (W transposed), and update in place.
+    Wt = W.T.contiguous()  # [in, out]
+    Qt = torch.empty_like(Wt)
+    levels = float(grid.levels)
     scale = zero = None
     for i1 in range(0, in_f, block):
         i2 = min(i1 + block, in_f)
-        W1 = W[:, i1:i2].clone()
-        Err = torch.zeros_like(W1)
+        W1 = Wt[i1:i2].clone()
+        Err = torch.empty_like(W1)
         Hb = Hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
             if col % g == 0:  # a new group: its range as it stands now, earlier errors included
-                span = W1[:, i:i + g] if i + g <= i2 - i1 else torch.cat([W1[:, i:], W[:, i2:col + g]], dim=1)
-                scale, zero = group_params(span, grid)
-            q = quantize_with(W1[:, i], scale, zero, grid)
-            Q[:, col] = q
-            err = (W1[:, i] - q) / Hb[i, i]
-            W1[:, i:] -= err[:, None] * Hb[i, i:][None, :]
-            Err[:, i] = err
-        W[:, i2:] -= Err @ Hinv[i1:i2, i2:]
-    return Q
+                span = W1[i:i + g] if i + g <= i2 - i1 else torch.cat([W1[i:], Wt[i2:col + g]])
+                scale, zero = group_params(span.T, grid)
+            w = W1[i]
+            q = torch.div(w, scale).round_().add_(zero).clamp_(0, levels).sub_(zero).mul_(scale)
+            Qt[col] = q
+            err = torch.sub(w, q).div_(Hb[i, i])
+            W1[i:].addr_(Hb[i, i:], err, alpha=-1)
+            Err[i] = err
+        Wt[i2:] -= Hinv[i1:i2, i2:].T @ Err
+    return Qt.T.contiguous()

@@ -96,7 +96,14 @@ def open_page(pg, server: str, path: str) -> None:  # noqa: ANN001
 
 
 def click_button(pg, label: str) -> None:  # noqa: ANN001
+    """Click, see the run it starts begin (on a busy box it can start later than wait_idle's 0.3 s, and the page
+    read before it would be the previous run's: a CI run once checked "Run to end" against step 1's strip),
+    then wait for it to end. A run so short that no frame showed it running has ended already."""
     pg.locator('[data-testid="stMainBlockContainer"] button', has_text=label).first.click()
+    try:
+        pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="running"]', timeout=2000)
+    except playwright_sync.TimeoutError:
+        pass
     wait_idle(pg)
 
 

@@ -5,11 +5,12 @@ session_state is per browser tab, so two students never share an engine.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, Callable, TypeVar
 
 import streamlit as st
 
-from app.runtime import server_engine_settings, shared_weights
+from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_mode
 from app.scenarios import Scenario
 from app.session import EngineSession
 
@@ -67,8 +68,22 @@ def _server_run(key: tuple, _run: Callable[[], Any]) -> Any:  # noqa: ARG001 (ke
     return _run()
 
 
-def server_wide(key: tuple, run: Callable[[], T]) -> T:
-    """One result per key for the whole server (the last 8 kept): a class opening a page with a long default
-    run (the KV compression lab, the load test, the weight quantization lab) sees the first visitor's run.
-    `key` must name the page and every setting the run depends on."""
-    return _server_run(key, run)
+def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str) -> T | None:
+    """A page's long run (the KV compression lab, the load test, the weight quantization lab) for settings
+    `key`: from this tab's page cache, else from the server's (one result per page, weights, device and
+    settings, the last 8 kept, so a class opening the page sees the first visitor's run), else run now.
+    `run` gets the progress bar (`bar.progress(share, text=...)`) to report on. A failing run is an error
+    message and the last result stays (None when there is none)."""
+    cache = page_cache(page)
+    if cache.get("key") == key:
+        return cache["result"]
+    bar = st.progress(0.0, text=start_text)
+    try:
+        result = _server_run((page, weights_mode(), device(), dtype_name(), repr(key)), lambda: run(bar))
+    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
+        st.error(f"{failed}: {e}", icon=":material/error:")
+        return cache.get("result")
+    finally:
+        bar.empty()
+    cache.update(key=key, result=result)
+    return result

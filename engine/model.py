@@ -14,6 +14,7 @@ import torch
 from engine.config import ModelConfig
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
+from engine.state_memo import StateDictMemo
 from kernels.cpu_linear import pack_linear_weight
 from kernels.dispatch import Kernels
 from kernels.rope_store_ref import rotate_half_rope
@@ -41,19 +42,21 @@ class PreparedWeights:
     lm_head: torch.Tensor  # the embedding, or its packed copy for the CPU's oneDNN linear
 
 
-# (id of the state dict, device, dtype, packed) -> prepared weights. Every engine of a process (each
-# page of each browser session, comparison runs) shares one copy instead of ~280 MB of fused fp32 each.
-_PREPARED: dict[tuple[int, str, torch.dtype, bool], tuple[dict, PreparedWeights]] = {}
+# (state dict, device, dtype, packed) -> prepared weights. Every engine of a process (each page of each
+# browser session, comparison runs) shares one copy instead of ~280 MB of fused fp32 each.
+_PREPARED: StateDictMemo[PreparedWeights] = StateDictMemo()
 
 
 def prepare_weights(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device: torch.device,
                     dtype: torch.dtype, packed: bool = False) -> PreparedWeights:
     """`packed`: the projections and the LM head in oneDNN's blocked layout, for the CPU's torch
     path (kernels/cpu_linear.py: 1.5 to 3x faster than MKL's sgemm at decode batch sizes)."""
-    key = (id(state_dict), str(device), dtype, packed)
-    hit = _PREPARED.get(key)
-    if hit is not None and hit[0] is state_dict:
-        return hit[1]
+    return _PREPARED.get(state_dict, lambda: _prepare(cfg, state_dict, device, dtype, packed), str(device), dtype,
+                         packed)
+
+
+def _prepare(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+             packed: bool) -> PreparedWeights:
     sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
     pack = pack_linear_weight if packed else (lambda w: w)
     layers = []
@@ -69,17 +72,14 @@ def prepare_weights(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], devic
             down=pack(sd[p + "mlp.down_proj.weight"]),
         ))
     embed = sd["model.embed_tokens.weight"]
-    prepared = PreparedWeights(embed, sd["model.norm.weight"], tuple(layers),
-                               sum(t.numel() * t.element_size() for t in sd.values()), pack(embed))
-    _PREPARED[key] = (state_dict, prepared)  # holding the dict keeps its id from being reused
-    return prepared
+    return PreparedWeights(embed, sd["model.norm.weight"], tuple(layers),
+                           sum(t.numel() * t.element_size() for t in sd.values()), pack(embed))
 
 
 def release_prepared(state_dict: dict[str, torch.Tensor]) -> None:
     """Forget the prepared copies of a state dict that will not run again (a quantized variant of the
     weights): the cache above would otherwise keep ~280 MB of each alive for the process's life."""
-    for key in [k for k, (sd, _) in _PREPARED.items() if sd is state_dict]:
-        del _PREPARED[key]
+    _PREPARED.forget(state_dict)
 
 
 class LlamaModel:

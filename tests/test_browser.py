@@ -107,6 +107,15 @@ def click_button(pg, label: str) -> None:  # noqa: ANN001
     wait_idle(pg)
 
 
+def choose(pg, label: str, option: str) -> None:  # noqa: ANN001
+    """Pick the first option of the select box `label` that matches `option` as typed, and wait for the rerun."""
+    box = pg.get_by_role("combobox", name=label)
+    box.click()
+    box.fill(option)
+    pg.keyboard.press("Enter")
+    wait_idle(pg)
+
+
 def step(pg, expected_records: int, settle: bool = True) -> None:  # noqa: ANN001
     """Press Step and wait until the timeline reports the new record (deterministic, unlike timers)."""
     pg.locator('[data-testid="stMainBlockContainer"] button', has_text="Step").first.click()
@@ -557,11 +566,7 @@ def test_kv_compression_page(server, page) -> None:  # noqa: ANN001
     assert_buttons_fit(page)
     assert plotly_count(page) >= 5
     shoot(page, "13_kv_compression_formats")
-    box = page.get_by_role("combobox", name="Compare")
-    box.click()
-    box.fill("Eviction")
-    page.keyboard.press("Enter")
-    wait_idle(page)
+    choose(page, "Compare", "Eviction")
     click_button(page, "Run on the model")
     page.locator('[data-testid="stPlotlyChart"]', has_text="the cache after generated token").wait_for()
     assert_clean(page)
@@ -611,11 +616,7 @@ def test_weight_quantization_page(server, page) -> None:  # noqa: ANN001
     assert_metrics_fit(page)
     assert_buttons_fit(page)
     shoot(page, "15_weight_quantization")
-    box = page.get_by_role("combobox", name="Layer input")
-    box.click()
-    box.fill("down")
-    page.keyboard.press("Enter")
-    wait_idle(page)
+    choose(page, "Layer input", "down")
     assert_clean(page)
     chart = page.locator('[data-testid="stPlotlyChart"]', has_text="mean |x| per input channel")
     assert "down (SwiGLU output)" in chart.inner_text()

@@ -138,7 +138,6 @@ def kept_counts(kept: np.ndarray, step: int, length: int) -> np.ndarray:
     return kept[step, :, :, :length].sum(axis=1)
 
 
-
 def answer_found(tokens: Sequence[int], decode, needles: Sequence[str]) -> dict[str, bool]:  # noqa: ANN001
     text = decode(list(tokens))
     return {n: n in text for n in needles}

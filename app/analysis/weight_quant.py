@@ -23,7 +23,8 @@ def decode_bound_tok_s(weight_bytes: int, bytes_per_s: float = H200.peak_bytes_p
     return bytes_per_s / weight_bytes
 
 
-def answer_note(v: VariantOutcome, reference: VariantOutcome) -> str:
+def answer_note(v: VariantOutcome) -> str:
+    """Where its answer leaves the full model's."""
     if v.method is None:
         return "—"
     if v.first_difference is None:
@@ -32,7 +33,6 @@ def answer_note(v: VariantOutcome, reference: VariantOutcome) -> str:
 
 
 def results_frame(result: LabResult) -> pd.DataFrame:
-    ref = result.reference
     rows = []
     for v in result.outcomes:
         chat, prose = v.scores["chat"], v.scores["prose"]
@@ -46,7 +46,7 @@ def results_frame(result: LabResult) -> pd.DataFrame:
             "Chat answers ppl": chat.perplexity,
             "Prose KL": prose.kl,
             "Prose ppl": prose.perplexity,
-            "Answer leaves at": answer_note(v, ref),
+            "Answer leaves at": answer_note(v),
             "Quantize s": v.seconds if v.method else None,
         })
     return pd.DataFrame(rows)
@@ -71,7 +71,6 @@ def worst_ratio_layer(profile: dict[tuple[int, str], np.ndarray], inp: str) -> i
     """The layer whose `inp` has the most extreme channel (max / median): the default one to look at."""
     layers = sorted({layer for layer, name in profile if name == inp})
     return max(layers, key=lambda layer: outlier_stats(profile, layer, inp)[1])
-
 
 
 def result_json(result: LabResult) -> str:

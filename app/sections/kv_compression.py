@@ -18,7 +18,7 @@ from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_posit
                                        sink_figure, tradeoff_figure, variant_color)
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
-from app.state import page_cache, server_wide
+from app.state import page_run
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -165,30 +165,19 @@ def server_lab() -> KVLab:
     return _lab(id(shared_weights().state_dict), device(), dtype_name())
 
 
-
 def get_result(page: str, s: LabSettings) -> LabResult:
-    """The run for these settings: from this tab's cache, the server's, or computed now with a progress bar."""
-    cache = page_cache(page)
-    key = (s.prompt, s.max_new_tokens, s.variants)
-    if cache.get("key") == key:
-        return cache["result"]
-    bar = st.progress(0.0, text="Running every variant on the model…")
+    """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress
+    bar); a failure with nothing run before stops the page after its message."""
+    def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
+        def progress(done: int, total: int) -> None:
+            bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
 
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
+        return server_lab().run(prompt_ids(s.prompt), list(s.variants), s.max_new_tokens, progress=progress)
 
-    shared_key = ("kv-compression", weights_mode(), device(), dtype_name(), s.prompt, str(s.max_new_tokens), repr(s.variants))
-    try:
-        result = server_wide(shared_key, lambda: server_lab().run(prompt_ids(s.prompt), list(s.variants),
-                                                                      s.max_new_tokens, progress=progress))
-    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
-        bar.empty()
-        st.error(f"The run failed: {e}", icon=":material/error:")
-        if "result" not in cache:
-            st.stop()
-        return cache["result"]
-    bar.empty()
-    cache.update(key=key, result=result)
+    result = page_run(page, (s.prompt, s.max_new_tokens, s.variants), run, "Running every variant on the model…",
+                      "The run failed")
+    if result is None:
+        st.stop()
     return result
 
 

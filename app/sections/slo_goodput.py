@@ -17,7 +17,7 @@ from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, de
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
-from app.state import page_cache, server_wide
+from app.state import page_run
 from app.theme import show_figure
 from app.widgets.explain import explanation
 
@@ -158,32 +158,20 @@ def slo_controls(page: str) -> SLO:
     return SLO(float(ttft), float(tpot) / 1000, goal / 100)
 
 
-
 def get_result(page: str, s: SweepSettings) -> SweepResult | None:
-    """The sweep for these settings: from this tab's cache, the server's, or run now with a progress bar.
+    """The sweep for these settings (`page_run`: this tab's, the server's, or run now with a progress bar).
     None when it failed and nothing ran before (the page then shows only the message)."""
-    cache = page_cache(page)
-    if cache.get("key") == s:
-        return cache["result"]
-    runs = len(s.rates) * len(s.configs)
-    bar = st.progress(0.0, text=f"Running {plural(runs, 'load test')} on the model…")
-
-    def progress(share: float, what: str) -> None:
-        bar.progress(min(1.0, share), text=f"Serving {plural(s.num_requests, 'request')}: {what}…")
-
     server = server_engine_settings()
     workload = WORKLOADS[s.workload].with_requests(s.num_requests, s.seed)
-    shared_key = ("slo-goodput", weights_mode(), device(), repr(s))
-    try:
-        result = server_wide(shared_key, lambda: run_sweep(shared_weights(), server, s.configs, workload, s.rates,
-                                                           progress=progress))
-    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
-        bar.empty()
-        st.error(f"The load test failed: {e}", icon=":material/error:")
-        return cache.get("result")
-    bar.empty()
-    cache.update(key=s, result=result)
-    return result
+
+    def run(bar) -> SweepResult:  # noqa: ANN001 (a Streamlit progress bar)
+        def progress(share: float, what: str) -> None:
+            bar.progress(min(1.0, share), text=f"Serving {plural(s.num_requests, 'request')}: {what}…")
+
+        return run_sweep(shared_weights(), server, s.configs, workload, s.rates, progress=progress)
+
+    runs = len(s.rates) * len(s.configs)
+    return page_run(page, s, run, f"Running {plural(runs, 'load test')} on the model…", "The load test failed")
 
 
 # ---- results -------------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
 """Sections of the weight-only quantization page (pages/15_weight_quantization.py composes them)."""
 from __future__ import annotations
 
-import dataclasses
-
 import streamlit as st
 import torch
 
@@ -16,7 +14,7 @@ from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep
                                      method_color, quality_figure)
 from app.formatting import fmt_duration
 from app.runtime import device, dtype_name, shared_weights, weights_mode
-from app.state import page_cache, server_wide
+from app.state import page_run
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -120,25 +118,14 @@ def settings_form(page: str) -> LabSettings:
 
 
 def get_result(page: str, s: LabSettings) -> LabResult | None:
-    """The run for these settings: from this tab's cache, the server's, or computed now with a progress bar."""
-    cache = page_cache(page)
-    if cache.get("key") == s:
-        return cache["result"]
-    bar = st.progress(0.0, text="Quantizing…")
+    """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
+    def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
+        def progress(msg: str, frac: float) -> None:
+            bar.progress(min(1.0, max(0.0, frac)), text=msg)
 
-    def progress(msg: str, frac: float) -> None:
-        bar.progress(min(1.0, max(0.0, frac)), text=msg)
+        return run_lab(shared_weights(), s, device(), dtype_name(), progress)
 
-    key = ("weight-quant", weights_mode(), device(), dtype_name(), repr(s))
-    try:
-        result = server_wide(key, lambda: run_lab(shared_weights(), s, device(), dtype_name(), progress))
-    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
-        bar.empty()
-        st.error(f"The run failed: {e}", icon=":material/error:")
-        return cache.get("result")
-    bar.empty()
-    cache.update(key=s, result=result)
-    return result
+    return page_run(page, s, run, "Quantizing…", "The run failed")
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -245,8 +232,3 @@ def download_section(result: LabResult, page: str) -> None:
     st.caption(f"Quantizing took {fmt_duration(took)} here in all; the run is kept for everyone on this server, "
                "so a class opening the page sees it at once.")
 
-
-def replace_settings(page: str, **changes: object) -> None:
-    """For tests and presets: change the settings the page runs next."""
-    key = _key(page, "settings")
-    st.session_state[key] = dataclasses.replace(st.session_state.get(key, LabSettings()), **changes)

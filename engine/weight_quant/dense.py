@@ -5,7 +5,7 @@ states enter layer i, its linears are quantized from the inputs they really see,
 is computed again with the quantized weights before it feeds layer i + 1. That needs the layer as a
 function of a hidden-state batch, which the paged engine (built around a KV pool and a scheduler) is not.
 The same function gives every position's logits for the measurements. `tests/test_weight_quant.py`
-checks it against the engine's logits.
+checks them against Hugging Face's.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.model import apply_rope, rope_cache
+from kernels.rmsnorm_ref import rmsnorm_ref
 
 # The four inputs a decoder layer's linears read, and the weights that read each (weights that share an
 # input are quantized together: AWQ picks one scale per input channel for all of them).
@@ -35,7 +36,7 @@ def weight_key(layer: int, linear: str) -> str:
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    return rmsnorm_ref(x, w, eps)[0]  # the engine's own reference RMSNorm
 
 
 def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: torch.Tensor,

@@ -22,8 +22,12 @@ from typing import Literal
 import numpy as np
 import torch
 
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
 from engine.kv_compression.lab import first_difference
 from engine.model import release_prepared
+from engine.sampling_params import SamplingParams
+from engine.state_memo import StateDictMemo
 from engine.weight_quant.awq import awq_quantize
 from engine.weight_quant.dense import LINEAR_INPUTS, embed, layer_forward, rope_tables, sequence_logits, weight_key
 from engine.weight_quant.grid import Grid, round_to_nearest
@@ -102,7 +106,7 @@ class QuantizedModel:
     seconds: float
 
 
-_FP32: dict[int, tuple[dict, dict[str, torch.Tensor]]] = {}
+_FP32: StateDictMemo[dict[str, torch.Tensor]] = StateDictMemo()
 
 
 def fp32_state(weights: LoadedWeights) -> dict[str, torch.Tensor]:
@@ -111,35 +115,30 @@ def fp32_state(weights: LoadedWeights) -> dict[str, torch.Tensor]:
     sd = weights.state_dict
     if all(t.dtype == torch.float32 and t.device.type == "cpu" for t in sd.values()):
         return sd
-    hit = _FP32.get(id(sd))
-    if hit is not None and hit[0] is sd:
-        return hit[1]
-    copy = {k: v.detach().float().cpu() for k, v in sd.items()}
-    _FP32[id(sd)] = (sd, copy)
-    return copy
+    return _FP32.get(sd, lambda: {k: v.detach().float().cpu() for k, v in sd.items()})
 
 
 def linear_names() -> list[str]:
     return [name for names in LINEAR_INPUTS.values() for name in names]
 
 
+def _linear_shapes(weights: LoadedWeights) -> list[tuple[int, int]]:
+    """(out, in) of every linear the methods quantize."""
+    return [tuple(weights.state_dict[weight_key(i, n)].shape) for i in range(weights.config.num_layers)
+            for n in linear_names()]
+
+
 def weight_bytes(weights: LoadedWeights, grid: Grid | None) -> int:
     """A checkpoint's bytes: the linears on `grid` (None: 16-bit) and everything else in 16 bits."""
-    cfg, sd = weights.config, weights.state_dict
-    total = sum(t.numel() for t in sd.values()) * FULL_BYTES
+    total = sum(t.numel() for t in weights.state_dict.values()) * FULL_BYTES
     if grid is None:
         return total
-    for i in range(cfg.num_layers):
-        for name in linear_names():
-            out_f, in_f = sd[weight_key(i, name)].shape
-            total += grid.bytes_for(out_f, in_f) - out_f * in_f * FULL_BYTES
-    return total
+    return total + sum(grid.bytes_for(o, i) - o * i * FULL_BYTES for o, i in _linear_shapes(weights))
 
 
 def linear_bits_per_weight(weights: LoadedWeights, grid: Grid) -> float:
     """Bits per weight over all the decoder's linears, scales and zero points included."""
-    shapes = [weights.state_dict[weight_key(i, n)].shape for i in range(weights.config.num_layers)
-              for n in linear_names()]
+    shapes = _linear_shapes(weights)
     return 8 * sum(grid.bytes_for(o, i) for o, i in shapes) / sum(o * i for o, i in shapes)
 
 
@@ -153,16 +152,17 @@ class ReferenceTexts:
     prose_calibration: tuple[int, ...]  # the corpus, then each opening and its continuation
 
 
-_REFERENCE_TEXTS: dict[tuple[int, str, str], tuple[dict, ReferenceTexts]] = {}
+_REFERENCE_TEXTS: StateDictMemo[ReferenceTexts] = StateDictMemo()
 
 
 def reference_texts(weights: LoadedWeights, device: str = "cpu", dtype: str = "float32") -> ReferenceTexts:
     """The full model's text for calibration and evaluation, generated in one batch (~20 s on a 2-core CPU)
     the first time for these weights, then remembered."""
-    key = (id(weights.state_dict), device, dtype)
-    hit = _REFERENCE_TEXTS.get(key)
-    if hit is not None and hit[0] is weights.state_dict:
-        return hit[1]
+    return _REFERENCE_TEXTS.get(weights.state_dict, lambda: _write_reference_texts(weights, device, dtype),
+                                device, dtype)
+
+
+def _write_reference_texts(weights: LoadedWeights, device: str, dtype: str) -> ReferenceTexts:
     tok = weights.tokenizer
     questions = [chat_prompt_ids(weights, q) for q in (*CHAT_CALIBRATION, *CHAT_EVAL)]
     openings = [tok.encode(o) for o in PROSE_OPENINGS]
@@ -170,13 +170,11 @@ def reference_texts(weights: LoadedWeights, device: str = "cpu", dtype: str = "f
                          device, dtype)
     answers, continuations = out[:len(questions)], out[len(questions):]
     n = len(CHAT_CALIBRATION)
-    texts = ReferenceTexts(
+    return ReferenceTexts(
         tuple(tuple(q + a[:CHAT_ANSWER_TOKENS]) for q, a in zip(questions[:n], answers[:n])),
         tuple((tuple(q), tuple(a[:CHAT_ANSWER_TOKENS])) for q, a in zip(questions[n:], answers[n:])),
         tuple(tok.encode(PROSE_CALIBRATION) + [t for o, c in zip(openings, continuations)
                                                for t in o + c[:PROSE_CONTINUATION_TOKENS]]))
-    _REFERENCE_TEXTS[key] = (weights.state_dict, texts)
-    return texts
 
 
 def calibration_windows(weights: LoadedWeights, which: CalibrationSet, tokens: int,
@@ -316,10 +314,6 @@ def greedy_answers(weights: LoadedWeights, prompts: list[list[int]], max_new_tok
                    device: str = "cpu", dtype: str = "float32", release: bool = False) -> list[list[int]]:
     """Each prompt's greedy answer from the real engine running these weights (end-of-turn token dropped).
     `release`: these weights will not run again (a quantized variant), so drop the engine's prepared copy."""
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling_params import SamplingParams
-
     longest = max(len(p) for p in prompts) + max_new_tokens
     blocks = len(prompts) * (-(-longest // 16) + 1)
     engine = LLMEngine(EngineConfig(device=device, dtype=dtype, num_blocks=blocks, block_size=16,

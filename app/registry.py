@@ -100,6 +100,16 @@ PAGES: tuple[PageSpec, ...] = (
              "on its own chat answers, on prose or on random tokens: size against KL and agreement with the full model, "
              "the answer each checkpoint writes, the error layer by layer and the activation outliers behind it.",
              ":material/scale:", "pages/15_weight_quantization.py", "weight-quantization"),
+    PageSpec("Merge the LoRA or serve it", "Serving post-trained models",
+             "Three LoRA fine-tunes of the live model (pirate, terse, bullets): merged into the weights or served "
+             "beside them, the same tokens either way; what each costs per decode step, measured, and in memory "
+             "for one fine-tune or a hundred; the update BA, rank r, layer by layer.",
+             ":material/merge:", "pages/16_lora_merge.py", "lora-merge-or-serve"),
+    PageSpec("Multi-LoRA serving", "Serving post-trained models",
+             "Requests for different adapters in one batch, step by step: the shared base GEMM and each adapter's "
+             "rows (SGMV), the device's adapter slots loading and evicting, requests waiting for a slot, and "
+             "mixed batches vs one deployment per fine-tune measured on the same requests.",
+             ":material/hub:", "pages/17_multi_lora.py", "multi-lora"),
     PageSpec("Inference-time compute scaling", "Test-time compute",
              "More tokens for better answers: N samples sharing the prompt's KV blocks, majority vote vs the model's "
              "own certainty vs an oracle, accuracy vs tokens spent measured on a task set, and s1 budget forcing "

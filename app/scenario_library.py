@@ -362,3 +362,35 @@ DISAGGREGATED: list[Scenario] = [
                                                    ("Name a famous bridge.", 5), ("What is a prime number?", 7)))),
     ),
 ]
+
+# Multi-LoRA: the bundled adapters (engine/assets/adapters: pirate, terse, bullets) and the base model,
+# mixed in one queue. Answers end at the end of turn, so the terse adapter's requests leave early.
+_LORA_ENGINE = {"block_size": 16, "num_blocks": 128, "max_num_seqs": 8, "max_model_len": 512, "max_loras": 2,
+                "max_lora_rank": 8}
+_LORA_REQUESTS = (
+    RequestSpec("What is a good way to start learning to cook?", max_tokens=40, adapter="pirate"),
+    RequestSpec("Why is the sky blue?", max_tokens=40, adapter="terse"),
+    RequestSpec("How can I sleep better?", max_tokens=40, adapter="bullets"),
+    RequestSpec("What is a GPU?", max_tokens=40),
+    RequestSpec("Tell me about the moon.", max_tokens=40, arrival_step=2, adapter="pirate"),
+    RequestSpec("How do I keep a house plant healthy?", max_tokens=40, arrival_step=3, adapter="bullets"),
+    RequestSpec("What does a compiler do?", max_tokens=40, arrival_step=4, adapter="terse"),
+    RequestSpec("Give me a tip for writing emails.", max_tokens=40, arrival_step=5),
+)
+MULTI_LORA: list[Scenario] = [
+    Scenario(
+        name="Three fine-tunes and the base model, two adapter slots",
+        description="Eight requests for three LoRA fine-tunes and the base model share one engine. The device "
+                    "holds two adapters at a time: a request whose adapter has no slot waits until one frees.",
+        engine=_LORA_ENGINE, requests=_LORA_REQUESTS),
+    Scenario(
+        name="A slot for every adapter",
+        description="The same requests with three slots: every adapter stays resident, nobody waits, and every "
+                    "step's batch mixes all of them.",
+        engine={**_LORA_ENGINE, "max_loras": 3}, requests=_LORA_REQUESTS),
+    Scenario(
+        name="One slot: adapters take turns",
+        description="One slot: only one fine-tune's requests run at a time beside the base model's, and every "
+                    "switch loads an adapter (S-LoRA swaps them in from host memory).",
+        engine={**_LORA_ENGINE, "max_loras": 1}, requests=_LORA_REQUESTS),
+]

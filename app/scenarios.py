@@ -18,7 +18,7 @@ ENGINE_KEYS: tuple[str, ...] = (
     "block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "policy",
     "chunked_prefill", "enable_prefix_cache", "kernel_backend", "cuda_graphs", "overlap_decode", "seed",
     "spec_drafter", "spec_gamma", "spec_draft_layers", "spec_tree_nodes", "spec_tree_depth", "spec_tree_topk",
-    "spec_draft_vocab",
+    "spec_draft_vocab", "max_loras", "max_lora_rank",
 )
 MAX_UPLOAD_BYTES = 256 * 1024
 MAX_REQUESTS = 64
@@ -42,6 +42,7 @@ class RequestSpec:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     request_id: str | None = None
+    adapter: str | None = None  # a LoRA adapter the page's engine serves (multi-LoRA page); None: the base model
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
@@ -54,6 +55,8 @@ class RequestSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        if d["adapter"] is None:
+            del d["adapter"]  # scenarios of the other pages stay as they were
         return d
 
 
@@ -88,6 +91,7 @@ _REQUEST_TYPES: dict[str, tuple[type, ...]] = {
     "prompt": (str,), "max_tokens": (int,), "arrival_step": (int,), "chat": (bool,),
     "temperature": (int, float), "top_k": (int,), "top_p": (int, float), "seed": (int, type(None)),
     "n": (int,), "stop": (list, str), "ignore_eos": (bool,), "request_id": (str, type(None)),
+    "adapter": (str, type(None)),
 }
 _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "block_size": (int,), "num_blocks": (int,), "max_num_seqs": (int,), "max_num_batched_tokens": (int,),
@@ -95,6 +99,7 @@ _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "kernel_backend": (str,), "cuda_graphs": (bool,), "overlap_decode": (bool,), "seed": (int,),
     "spec_drafter": (str,), "spec_gamma": (int,), "spec_draft_layers": (int,),
     "spec_tree_nodes": (int,), "spec_tree_depth": (int,), "spec_tree_topk": (int,), "spec_draft_vocab": (int,),
+    "max_loras": (int,), "max_lora_rank": (int,),
 }
 
 
@@ -135,6 +140,8 @@ def parse_request(raw: Any, index: int) -> RequestSpec:
         data["top_p"] = float(data["top_p"])
     if not data["prompt"].strip():
         raise ScenarioError(f"{where}: 'prompt' must not be empty")
+    if isinstance(data.get("adapter"), str):
+        data["adapter"] = data["adapter"].strip() or None  # an empty cell: the base model
     if data.get("arrival_step", 0) < 0:
         raise ScenarioError(f"{where}: 'arrival_step' must be >= 0")
     spec = RequestSpec(**data)

@@ -73,8 +73,10 @@ class EngineSession:
         """Queue one request; a ValueError becomes an error message and nothing else changes."""
         assert self.engine is not None
         try:
+            # `adapter` only when set: other pages' engines (the disaggregated pair) take no such argument.
+            extra = {"adapter": spec.adapter} if spec.adapter is not None else {}
             rid = self.engine.add_request(spec.engine_prompt(), spec.sampling_params(),
-                                          arrival_step=spec.arrival_step, request_id=spec.request_id)
+                                          arrival_step=spec.arrival_step, request_id=spec.request_id, **extra)
         except ValueError as e:
             label = spec.request_id or f"“{_short(spec.prompt)}”"
             self.report(f"Request {label} was not added: {e}{_fix_hint(str(e))}")

@@ -5,6 +5,8 @@ session_state is per browser tab, so two students never share an engine.
 """
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Hashable
 from typing import Any, Callable, TypeVar
 
@@ -63,9 +65,31 @@ def cached_by_kind(page: str, key: tuple, build: Callable[[], T]) -> T:
     return cache[kind][1]
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _server_run(key: tuple, _run: Callable[[], Any]) -> Any:  # noqa: ARG001 (key keys it; _run is not hashed)
-    return _run()
+# The server-wide results of page runs: a plain dict, not st.cache_resource, which records the progress-bar
+# calls made inside the cached function and replays them for the next session, where the bar belongs to
+# another script run ("a streamlit element is called on some layout block created outside the function").
+_SERVER_RUNS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+_SERVER_RUNS_KEPT = 8
+_SERVER_LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+
+
+def _server_run(key: tuple, run: Callable[[], Any]) -> Any:
+    """`run()` once per key for the whole server (a second visitor asking while it runs waits for it);
+    the last `_SERVER_RUNS_KEPT` results kept. A failing run stores nothing."""
+    with _SERVER_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        with _SERVER_LOCK:
+            if key in _SERVER_RUNS:
+                _SERVER_RUNS.move_to_end(key)
+                return _SERVER_RUNS[key]
+        result = run()
+        with _SERVER_LOCK:
+            _SERVER_RUNS[key] = result
+            while len(_SERVER_RUNS) > _SERVER_RUNS_KEPT:
+                _KEY_LOCKS.pop(_SERVER_RUNS.popitem(last=False)[0], None)
+        return result
 
 
 def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str) -> T | None:

@@ -100,6 +100,11 @@ class EngineConfig:
     # Trained drafters (draft model, Medusa, EAGLE) draft over the N most frequent answer tokens
     # (engine/speculative/draft_vocab.py); 0 = the full vocabulary. Verification is always full.
     spec_draft_vocab: int = 8192
+    # Multi-LoRA serving (engine/lora): device slots for adapters (0 = no LoRA support) and the largest
+    # rank a slot holds. A request names its adapter with add_request(adapter=...); adapters are
+    # registered on the host (`LLMEngine.register_adapter`) and loaded into a slot at admission.
+    max_loras: int = 0
+    max_lora_rank: int = 8
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -122,6 +127,12 @@ class EngineConfig:
                              f"{self.spec_tree_topk}")
         if self.overlap_decode and not self.cuda_graphs:
             raise ValueError("EngineConfig.overlap_decode needs cuda_graphs=True (it overlaps graph replays)")
+        if not 0 <= self.max_loras <= 32 or not 1 <= self.max_lora_rank <= 128:
+            raise ValueError(f"EngineConfig.max_loras must be in [0, 32] and max_lora_rank in [1, 128]; got "
+                             f"{self.max_loras}, {self.max_lora_rank}")
+        if self.max_loras and (self.overlap_decode or self.spec_drafter != "none"):
+            raise ValueError("EngineConfig.max_loras > 0 cannot be combined with overlap_decode or a speculative "
+                             "drafter (neither knows which adapter a row runs)")
         if not 0 <= self.spec_gamma <= 16:
             raise ValueError(f"EngineConfig.spec_gamma must be in [0, 16], got {self.spec_gamma}")
         if self.spec_draft_layers < 1 or not 1 <= self.spec_ngram_min <= self.spec_ngram_max:

@@ -46,6 +46,10 @@ class DecodeGraphRunner:
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
         self.row_ids = torch.arange(b, device=dev)
         self.no_fresh = torch.zeros(1, dtype=torch.int32, device=dev)
+        # Multi-LoRA engines: each row's adapter slot (-1: base model, padding). The graphs then hold the
+        # LoRA kernels, which read whatever adapters the slots hold at replay (engine/lora/slots.py).
+        self.lora_slots = (torch.full((b,), -1, dtype=torch.int32, device=dev) if model.lora is not None
+                           else None)
         # Pinned staging, a ring of three: a set is refilled only after its previous copies left
         # (its event), and with two steps in flight (engine/overlap.py) the third is always free.
         self._staging = [_HostStaging(b, self._lens_pad, self.max_blocks) for _ in range(3)]
@@ -82,6 +86,7 @@ class DecodeGraphRunner:
             query_start_loc=self.query_start_loc[: n + 1], max_query_len=1, max_seq_len=self.max_model_len,
             q_lens=(1,) * n, ctx_lens=(1,) * n,
             logits_indices=self.row_ids[:n],
+            lora_slots=None if self.lora_slots is None else self.lora_slots[:n],
         )
 
     def _capture(self, n: int) -> None:
@@ -151,6 +156,12 @@ class DecodeGraphRunner:
         self.seq_lens[n:bucket].fill_(1)
         self.block_tables[:n].zero_()
         self.block_tables[:n, : batch.block_tables.shape[1]].copy_(batch.block_tables)
+        if self.lora_slots is not None:
+            if batch.lora_slots is None:
+                self.lora_slots[:bucket].fill_(-1)
+            else:
+                self.lora_slots[:n].copy_(batch.lora_slots)
+                self.lora_slots[n:bucket].fill_(-1)
         return self._replay(bucket, n)
 
 

@@ -76,6 +76,14 @@ class LLMEngine:
             from engine.radix_cache import RadixCache  # only engines that cache pay for it
 
             self.scheduler.prefix_cache = RadixCache(self.block_manager, decode=self.tokenizer.decode)
+        self.lora = None
+        if config.max_loras:
+            from engine.lora.manager import LoraManager  # only multi-LoRA engines pay for the slots
+
+            self.lora = LoraManager(self.model_config, config.max_loras, config.max_lora_rank, self.device,
+                                    self.dtype)
+            self.scheduler.adapters = self.lora
+            self.model.lora = self.lora.slots
         self.graph_runner = None
         if config.cuda_graphs:
             if self.device.type != "cuda" or self.kernels.backend != "triton":
@@ -172,11 +180,16 @@ class LLMEngine:
 
     def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),
                     arrival_step: int | None = None, request_id: str | None = None,
-                    spec_gamma: int | None = None) -> str:
+                    spec_gamma: int | None = None, adapter: str | None = None) -> str:
         """Queue a request; raises ValueError naming the offending field and leaves the engine as it was.
         `spec_gamma`: drafted tokens per speculative round for this request (None: the engine's
-        `spec_gamma`; 0: no speculation); needs `EngineConfig.spec_drafter`."""
+        `spec_gamma`; 0: no speculation); needs `EngineConfig.spec_drafter`. `adapter`: the name of a
+        registered LoRA adapter to run this request with (None: the base model)."""
         ids = self.check_request(prompt, params)
+        if adapter is not None:
+            if self.lora is None:
+                raise ValueError("adapter needs an engine that serves adapters: set EngineConfig.max_loras > 0")
+            self.lora.check(adapter)
         arrival = self.step_index if arrival_step is None else int(arrival_step)
         if arrival < 0:
             raise ValueError(f"arrival_step must be >= 0, got {arrival_step}")
@@ -195,7 +208,7 @@ class LLMEngine:
         parent = None
         for i in range(params.n):
             seq = Sequence(rid, list(ids), len(ids), params, arrival, order, index=i, fork_parent=parent,
-                           spec_gamma=spec_gamma)
+                           spec_gamma=spec_gamma, adapter=adapter)
             seq.make_generator()
             parent = parent or seq
             self.sequences.append(seq)
@@ -205,6 +218,17 @@ class LLMEngine:
                 self._awaiting_arrival.append(seq)
         self._request_ids.add(rid)
         return rid
+
+    def register_adapter(self, adapter) -> None:
+        """Make a LoRA adapter (engine.lora.LoraAdapter) servable by name; it is copied to a device slot
+        when a request that names it is admitted. ValueError when it does not fit this engine."""
+        if self.lora is None:
+            raise ValueError("this engine serves no adapters: set EngineConfig.max_loras > 0")
+        self.lora.register(adapter)
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.lora.adapters)) if self.lora is not None else ()
 
     def can_adopt(self, prompt_len: int) -> bool:
         """Whether `adopt_prefilled` would take a prefilled prompt of this length now."""
@@ -289,6 +313,8 @@ class LLMEngine:
                 if seq.arrival_step <= step:
                     self._arrival_clock[seq.request_id] = self.clock
             self._awaiting_arrival = [s for s in self._awaiting_arrival if s.arrival_step > step]
+        if self.lora is not None:
+            self.lora.begin_step()
         sched = self.scheduler.schedule(step)
         self.pool.copy_blocks(sched.copies)
         return t0, step, sched
@@ -331,7 +357,8 @@ class LLMEngine:
                 elif start + n == seq.num_tokens:
                     samplers.append((seq, len(rows)))
                     rows.append(row - 1)
-            batch = build_forward_batch(fresh, paged, rows, self.device, trees)
+            lora_rows = self.lora.row_slots(order) if self.lora is not None else None
+            batch = build_forward_batch(fresh, paged, rows, self.device, trees, lora_rows)
             tf = time.perf_counter()
             hidden = None
             if self.speculator is not None and self.speculator.drafter.wants_hidden:
@@ -417,6 +444,8 @@ class LLMEngine:
             self.block_manager.truncate(child.seq_id, parent.prompt_len)
         child.status = SeqStatus.RUNNING
         self.scheduler.running.append(child)
+        if self.lora is not None:
+            self.lora.on_admit(child, step)  # the parent's adapter is resident: this pins its slot once more
         self._sample_into(child, logits, step, now, emitted, finished)
 
     def _forward(self, batch) -> torch.Tensor:
@@ -535,6 +564,8 @@ class LLMEngine:
             extras.append(("radix", self.scheduler.prefix_cache.snapshot()))
         if self.speculator is not None:
             extras.append(("spec", self.speculator.snapshot()))
+        if self.lora is not None:
+            extras.append(("lora", self.lora.snapshot(self.scheduler.running)))
         return tuple(extras)
 
     def _request_state(self, seq: Sequence, step: int) -> RequestState:

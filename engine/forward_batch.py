@@ -35,6 +35,8 @@ class ForwardBatch:
     # its new rows (row i may see row j: j is i or one of its ancestors); its context stays visible.
     # Empty when no sequence of the batch verifies a tree (every paged row is causal).
     tree_masks: tuple[torch.Tensor | None, ...] = ()
+    # Multi-LoRA: [T] int32, each row's adapter slot (-1: the base model); None when no row has one.
+    lora_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -51,6 +53,7 @@ def build_forward_batch(
     logits_rows: list[int],
     device: torch.device,
     trees: dict[int, tuple[list[int], torch.Tensor]] | None = None,  # paged index -> (depths, mask)
+    lora_slots: list[int] | None = None,  # per row, in row order (fresh rows first); None: no adapters
 ) -> ForwardBatch:
     """`trees`: a paged sequence whose new rows are a draft tree, flattened parents-first: row i
     sits at position start + depths[i] (siblings share a position) but keeps its own slot."""
@@ -103,6 +106,7 @@ def build_forward_batch(
         ctx_lens=tuple(ctx_lens),
         logits_indices=logits_indices,
         tree_masks=tuple(trees[b][1].to(device) if b in trees else None for b in range(len(paged))) if trees else (),
+        lora_slots=_to_device([lora_slots], torch.int32, device)[0] if lora_slots else None,
     )
 
 

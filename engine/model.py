@@ -96,10 +96,21 @@ class LlamaModel:
         self.scale = cfg.head_dim ** -0.5
         self.weight_bytes = w.nbytes
         self.piecewise = None  # a PiecewiseGraphRunner when the engine runs prefill steps as CUDA graphs
+        # Multi-LoRA (engine/lora): the device's adapter slots, and during a pass the rows' slots [T]
+        # (None: no row of this pass runs an adapter, and no LoRA kernel is launched).
+        self.lora = None
+        self._lora_rows: torch.Tensor | None = None
 
     # ---- pieces ------------------------------------------------------------------------------------
     def _linear(self, name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(name, x, w)
+
+    def _adapted(self, group: str, layer: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y plus each row's LoRA update for this fused linear (rows without an adapter unchanged)."""
+        if self._lora_rows is None:
+            return y
+        A, B = self.lora.group(layer, group)
+        return self.kernels.lora(f"lora.{group}", y, x, A, B, self._lora_rows)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch,
                   pool: KVPool, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +149,8 @@ class LlamaModel:
         Fused where launches cost more than arithmetic (batch-1 decode is ~10 kernels a layer, not
         ~30): the residual add rides in the next RMSNorm, RoPE writes K/V straight into the pool,
         SiLU and the gating multiply are one pass."""
-        if self.piecewise is not None and self.piecewise.usable(batch, num_layers):
+        self._lora_rows = batch.lora_slots if self.lora is not None else None
+        if self.piecewise is not None and self._lora_rows is None and self.piecewise.usable(batch, num_layers):
             return self.piecewise.hidden_states(batch)
         K = self.kernels
         n = batch.num_tokens
@@ -160,7 +172,7 @@ class LlamaModel:
         x, residual = K.rmsnorm(h, L["attn_norm"], cfg.rms_norm_eps, residual)
         if residual is None:  # layer 0: the stream starts as the embedding
             residual = h
-        qkv = self._linear("linear.qkv", x, L["qkv"])
+        qkv = self._adapted("qkv", i, x, self._linear("linear.qkv", x, L["qkv"]))
         k_cache, v_cache = pool.layer(i)
         q, k, v = K.rope_store(qkv, positions, self.cos, self.sin, k_cache, v_cache, slot_mapping,
                                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
@@ -169,10 +181,11 @@ class LlamaModel:
     def post_attention(self, i: int, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """O projection, RMSNorm with the residual add, SwiGLU MLP: (sublayer output, residual)."""
         cfg, K, L = self.cfg, self.kernels, self.layers[i]
-        o = self._linear("linear.o", attn.reshape(attn.shape[0], cfg.num_heads * cfg.head_dim), L["o"])
+        a = attn.reshape(attn.shape[0], cfg.num_heads * cfg.head_dim)
+        o = self._adapted("o", i, a, self._linear("linear.o", a, L["o"]))
         x, residual = K.rmsnorm(o, L["mlp_norm"], cfg.rms_norm_eps, residual)
-        act = K.silu_mul(self._linear("linear.gate_up", x, L["gate_up"]))
-        return self._linear("linear.down", act, L["down"]), residual
+        act = K.silu_mul(self._adapted("gate_up", i, x, self._linear("linear.gate_up", x, L["gate_up"])))
+        return self._adapted("down", i, act, self._linear("linear.down", act, L["down"])), residual
 
     def final_hidden(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         out, _ = self.kernels.rmsnorm(h, self.final_norm, self.cfg.rms_norm_eps, residual)

@@ -29,6 +29,10 @@ When requests enter the tree (the policy, and why):
 A request that inserts extends its own node in place when it is the node's only user and the node
 is a leaf (so a prompt prefilled in chunks is one node, not a chain of one-chunk nodes).
 
+Adapters (multi-LoRA): a sequence that runs a LoRA adapter caches and matches only under its
+adapter's namespace: a root child's key is (adapter, first block) instead of the first block, so
+prompts that agree token for token but run different adapters never share KV.
+
 The cache counts per admission: a hit when at least one block matched, else a miss;
 `tokens_saved` adds the matched tokens (what the forward passes did not compute).
 """
@@ -54,6 +58,9 @@ class RadixNode:
     last_access: int = 0  # logical tick (LRU order)
     last_access_step: int = 0  # engine step of that access (for display)
     text: str | None = None  # decoded span, computed lazily for snapshots
+    # The LoRA adapter whose KV this path holds (None: the base model). The same tokens give other K and
+    # V under another adapter, so each adapter's prefixes hang off the root under their own keys.
+    namespace: str | None = None
 
     @property
     def is_leaf(self) -> bool:
@@ -121,16 +128,25 @@ class RadixCache:
         bs = self.block_size
         return tuple(tokens[block * bs:(block + 1) * bs])
 
+    def _child_key(self, parent: RadixNode, tokens: Seq[int], block: int, namespace: str | None) -> tuple:
+        key = self._key(tokens, block)
+        return (namespace, *key) if parent is self.root and namespace is not None else key
+
+    def _node_key(self, node: RadixNode) -> tuple:
+        """The key `node` is filed under in its parent's children."""
+        return self._child_key(node.parent, node.tokens, 0, node.namespace)
+
     def _touch(self, node: RadixNode) -> None:
         self._tick += 1
         while node is not None:
             node.last_access, node.last_access_step = self._tick, self.step
             node = node.parent
 
-    def _new_node(self, parent: RadixNode, tokens: list[int], blocks: list[int]) -> RadixNode:
-        node = RadixNode(next(self._ids), parent, tokens, blocks)
+    def _new_node(self, parent: RadixNode, tokens: list[int], blocks: list[int],
+                  namespace: str | None = None) -> RadixNode:
+        node = RadixNode(next(self._ids), parent, tokens, blocks, namespace=namespace)
         self._nodes[node.id] = node
-        parent.children[self._key(tokens)] = node
+        parent.children[self._node_key(node)] = node
         return node
 
     def _split(self, node: RadixNode, k: int) -> RadixNode:
@@ -138,10 +154,10 @@ class RadixCache:
         bs = self.block_size
         assert 0 < k < len(node.blocks)
         parent = node.parent
-        head = self._new_node(parent, node.tokens[:k * bs], node.blocks[:k])  # replaces node under parent
+        head = self._new_node(parent, node.tokens[:k * bs], node.blocks[:k], node.namespace)  # replaces node
         head.lock_ref, head.last_access, head.last_access_step = node.lock_ref, node.last_access, node.last_access_step
         node.tokens, node.blocks, node.parent, node.text = node.tokens[k * bs:], node.blocks[k:], head, None
-        head.children[self._key(node.tokens)] = node
+        head.children[self._node_key(node)] = node
         return head
 
     def _common_blocks(self, node: RadixNode, tokens: Seq[int], start_block: int, limit: int) -> int:
@@ -152,16 +168,18 @@ class RadixCache:
             k += 1
         return k
 
-    def match_prefix(self, tokens: Seq[int], max_blocks: int | None = None) -> tuple[list[int], RadixNode]:
-        """The longest cached block-aligned prefix of `tokens` (at most `max_blocks` blocks): its block
-        ids and the node it ends at. Splits a node when the match ends inside it, so the match always
-        ends on a node boundary (that node is what a user locks). Touches the path (LRU)."""
+    def match_prefix(self, tokens: Seq[int], max_blocks: int | None = None,
+                     namespace: str | None = None) -> tuple[list[int], RadixNode]:
+        """The longest cached block-aligned prefix of `tokens` (at most `max_blocks` blocks) under
+        `namespace` (a LoRA adapter's name, None for the base model): its block ids and the node it
+        ends at. Splits a node when the match ends inside it, so the match always ends on a node
+        boundary (that node is what a user locks). Touches the path (LRU)."""
         n = len(tokens) // self.block_size
         if max_blocks is not None:
             n = min(n, max_blocks)
         node, blocks, i = self.root, [], 0
         while i < n:
-            child = node.children.get(self._key(tokens, i))
+            child = node.children.get(self._child_key(node, tokens, i, namespace))
             if child is None:
                 break
             k = self._common_blocks(child, tokens, i, min(len(child.blocks), n - i))
@@ -172,7 +190,7 @@ class RadixCache:
         self._touch(node)
         return blocks, node
 
-    def insert(self, tokens: Seq[int], blocks: Seq[int]) -> RadixNode:
+    def insert(self, tokens: Seq[int], blocks: Seq[int], namespace: str | None = None) -> RadixNode:
         """Cache the whole blocks of `tokens` whose KV lives in `blocks` (blocks[i] holds tokens
         [i*bs, (i+1)*bs)); returns the node the span ends at. Where the tree already has a prefix,
         its own blocks stay and the given duplicates are not adopted; new blocks get a tree ref."""
@@ -180,12 +198,12 @@ class RadixCache:
         n = min(len(tokens) // bs, len(blocks))
         node, i = self.root, 0
         while i < n:
-            child = node.children.get(self._key(tokens, i))
+            child = node.children.get(self._child_key(node, tokens, i, namespace))
             if child is None:
                 new_blocks = list(blocks[i:n])
                 for b in new_blocks:
                     self._adopt(b)
-                node = self._new_node(node, list(tokens[i * bs:n * bs]), new_blocks)
+                node = self._new_node(node, list(tokens[i * bs:n * bs]), new_blocks, namespace)
                 break
             k = self._common_blocks(child, tokens, i, min(len(child.blocks), n - i))
             if k < len(child.blocks):
@@ -234,7 +252,7 @@ class RadixCache:
         for b in node.blocks:
             self._owned.discard(b)
             self.bm.decref(b)
-        del node.parent.children[self._key(node.tokens)]
+        del node.parent.children[self._node_key(node)]
         del self._nodes[node.id]
         self.counters["evictions"] += 1
         self.counters["evicted_blocks"] += len(node.blocks)
@@ -253,13 +271,13 @@ class RadixCache:
         """Cached blocks for seq's known tokens and how many tokens they cover. Block-aligned, and the
         last token is never served from the cache: its logits row is what the first step samples."""
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        blocks, _ = self.match_prefix(seq.token_ids, max_blocks)
+        blocks, _ = self.match_prefix(seq.token_ids, max_blocks, seq.adapter)
         return blocks, len(blocks) * self.block_size
 
     def on_admit(self, seq: Sequence, cached_tokens: int) -> None:
         """seq now shares the first cached_tokens // block_size cached blocks: lock that path."""
         k = cached_tokens // self.block_size
-        blocks, node = self.match_prefix(seq.token_ids, k)
+        blocks, node = self.match_prefix(seq.token_ids, k, seq.adapter)
         table = self.bm.tables.get(seq.seq_id, [])
         if cached_tokens % self.block_size or len(blocks) != k or table[:k] != blocks:
             raise ValueError(f"on_admit({seq.label}, {cached_tokens}) does not match the cached prefix")
@@ -325,7 +343,7 @@ class RadixCache:
                 return
         if n == 0:
             return
-        node = self.insert(seq.token_ids[:n * bs], table[:n])
+        node = self.insert(seq.token_ids[:n * bs], table[:n], seq.adapter)
         self._set_lock(seq, node)
 
     # ---- views -------------------------------------------------------------------------------------
@@ -344,7 +362,7 @@ class RadixCache:
         while stack:
             n = stack.pop()
             nodes.append({
-                "id": n.id, "parent": None if n.parent is None else n.parent.id,
+                "id": n.id, "parent": None if n.parent is None else n.parent.id, "namespace": n.namespace,
                 "tokens": list(n.tokens), "text": self._text(n), "blocks": list(n.blocks),
                 "lock_ref": n.lock_ref, "last_access": n.last_access, "last_access_step": n.last_access_step,
                 "evictable": n is not self.root and n.lock_ref == 0,
@@ -378,12 +396,13 @@ class RadixCache:
             assert self._nodes.get(n.id) is n, f"node {n.id} is not registered"
             if n is not self.root:
                 assert n.tokens and len(n.tokens) == len(n.blocks) * bs, f"node {n.id} span is not whole blocks"
-                assert n.parent.children.get(self._key(n.tokens)) is n, f"node {n.id} is not under its key"
+                assert n.parent.children.get(self._node_key(n)) is n, f"node {n.id} is not under its key"
+                assert n.parent is self.root or n.namespace == n.parent.namespace, f"node {n.id} left its namespace"
                 assert n.last_access <= n.parent.last_access or n.parent is self.root, f"node {n.id} newer than parent"
             keys = list(n.children)
             assert len(set(keys)) == len(keys)
             for key, c in n.children.items():
-                assert c.parent is n and len(key) == bs and tuple(c.tokens[:bs]) == key
+                assert c.parent is n and key == self._node_key(c) and tuple(c.tokens[:bs]) == key[-bs:]
             own_locks = sum(1 for m in self._locked.values() if m is n)
             assert n is self.root or n.lock_ref == own_locks + sum(c.lock_ref for c in n.children.values()), \
                 f"node {n.id} lock_ref {n.lock_ref} != locks below it"

@@ -43,6 +43,9 @@ class Scheduler:
         self.prefix_cache = None
         # Optional speculative-decoding hook: extra slots to reserve for a decoding sequence's drafts.
         self.lookahead = None
+        # Optional multi-LoRA hook (engine/lora/manager.py): admission pins the sequence's adapter in a
+        # device slot, or the sequence waits while every slot is pinned by other adapters.
+        self.adapters = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -107,6 +110,8 @@ class Scheduler:
                 continue
             if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                 break
+            if self.adapters is not None and not self.adapters.can_admit(seq):
+                continue  # its adapter has no slot now; later requests with resident adapters may go
             cached_blocks, cached_tokens = self._match_prefix(seq)
             todo = seq.num_tokens - cached_tokens
             n = min(todo, budget)
@@ -120,6 +125,8 @@ class Scheduler:
                 break  # FCFS: later arrivals do not jump the queue
             if self.prefix_cache is not None:
                 self.prefix_cache.on_admit(seq, cached_tokens)  # lock before append_slots may evict
+            if self.adapters is not None:
+                self.adapters.on_admit(seq, step)
             out.copies += self.bm.append_slots(seq.seq_id, n)
             seq.num_computed_tokens = cached_tokens
             seq.num_cached_tokens = cached_tokens
@@ -139,6 +146,8 @@ class Scheduler:
         self.running.remove(seq)
         if self.prefix_cache is not None:
             self.prefix_cache.on_release(seq)
+        if self.adapters is not None:
+            self.adapters.on_release(seq)
         self.bm.free(seq.seq_id)
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
@@ -151,6 +160,8 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
+            if self.adapters is not None:
+                self.adapters.on_release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED

@@ -52,6 +52,7 @@ class Sequence:
     # With params.logprobs: one entry per output token, the sampled token's log-probability, or None for
     # a token the engine forced in (ForcedTokens) rather than sampled.
     logprobs: list[float | None] = field(default_factory=list)
+    adapter: str | None = None  # the LoRA adapter this request runs with (engine/lora); None: the base model
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from kernels.cpu_linear import cpu_linear
 from kernels.kv_store_ref import store_kv_ref
+from kernels.lora_ref import lora_apply_ref, lora_cost
 from kernels.paged_attention_ref import paged_attention_ref
 from kernels.pdl import pdl_supported
 from kernels.prefill_attention_ref import flash_attention_varlen_ref
@@ -43,6 +44,7 @@ _TRITON_IMPLS: dict[str, tuple[str, str]] = {
     "rmsnorm": ("kernels.rmsnorm_triton", "rmsnorm_triton"),
     "rope_store": ("kernels.rope_store_triton", "rope_store_triton"),
     "silu_mul": ("kernels.silu_mul_triton", "silu_mul_triton"),
+    "lora": ("kernels.lora_triton", "lora_apply_triton"),
 }
 _REF_IMPLS: dict[str, Callable] = {
     "store_kv": store_kv_ref,
@@ -51,13 +53,14 @@ _REF_IMPLS: dict[str, Callable] = {
     "rmsnorm": rmsnorm_ref,
     "rope_store": rope_store_ref,
     "silu_mul": silu_mul_ref,
+    "lora": lora_apply_ref,
 }
 
 
 # Largest batch (rows) whose kernels are PDL-launched: the GEMV's.
 PDL_MAX_ROWS = 8
 # Families whose Triton implementation takes the `pdl` switch (every kernel of a decode step).
-_PDL_FAMILIES = frozenset({"paged_attention", "rmsnorm", "rope_store", "silu_mul"})
+_PDL_FAMILIES = frozenset({"paged_attention", "rmsnorm", "rope_store", "silu_mul", "lora"})
 
 
 def _gemv_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -235,3 +238,12 @@ class Kernels:
         """silu(gate_up[:, :I]) * gate_up[:, I:] -> [T, I]; see kernels.silu_mul_ref."""
         n = gate_up.numel() // 2
         return self._call("silu_mul", "silu_mul", lambda: (5 * n, 3 * n * gate_up.element_size()), gate_up)
+
+    def lora(self, name: str, y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             slots: torch.Tensor) -> torch.Tensor:
+        """Each row's own adapter update added onto a linear's output y (in place); see kernels.lora_ref."""
+        def cost() -> tuple[float, float]:
+            active = slots[slots >= 0]  # profiling already syncs per call; counting the rows does too
+            return lora_cost(int(active.numel()), A.shape[1], A.shape[2], B.shape[1], int(torch.unique(active).numel()),
+                             y.element_size())
+        return self._call("lora", name, cost, y, x, A, B, slots)

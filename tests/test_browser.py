@@ -682,3 +682,43 @@ def test_play_then_pause(server, page) -> None:  # noqa: ANN001
     page.wait_for_timeout(4000)
     assert recorded() == paused_at >= 3
     assert_clean(page)
+
+
+def test_lora_merge_page(server, page) -> None:  # noqa: ANN001
+    """The default run on a projector (the pirate adapter merged and served, ~30 s here): the three answers, the
+    same-tokens check, the step times, the adapter's anatomy and the memory chart, with chart text that fits."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "lora-merge-or-serve")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 2
+    assert page.get_by_text("Merged and unmerged wrote the same").count() >= 1
+    assert plotly_count(page) >= 4
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "16_lora_merge")
+
+
+def test_multi_lora_page(server, page) -> None:  # noqa: ANN001
+    """Three fine-tunes and the base model in one engine with two adapter slots, run to the end on a projector:
+    the packed batch, the slots, every request by adapter (someone waited for a slot), then both set-ups
+    compared on the same requests."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "multi-lora")
+    assert_clean(page)
+    click_button(page, "Run to end")
+    assert_clean(page)
+    assert plotly_count(page) >= 3
+    waiting = page.locator('[data-testid="stPlotlyChart"]', has_text="waiting for a slot")
+    assert waiting.count() == 1
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    shoot(page, "17_multi_lora")
+    click_button(page, "Run both set-ups")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("multi-LoRA: throughput")')
+    assert_clean(page)
+    assert plotly_count(page) >= 4
+    assert_chart_text_apart(page)
+    shoot(page, "17_multi_lora_compared")

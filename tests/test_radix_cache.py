@@ -188,7 +188,7 @@ def test_counters_and_snapshot_are_plain_json() -> None:
                                 "evictions": 1, "evicted_blocks": 1, "freed_blocks": 1}
     root, node = snap["nodes"]
     assert root["parent"] is None and root["tokens"] == []
-    assert node == {"id": node["id"], "parent": 0, "tokens": [0, 1, 2, 3], "text": "abcd", "blocks": blocks,
+    assert node == {"id": node["id"], "parent": 0, "namespace": None, "tokens": [0, 1, 2, 3], "text": "abcd", "blocks": blocks,
                     "lock_ref": 1, "last_access": node["last_access"], "last_access_step": 3,
                     "evictable": False, "freeable_blocks": 0}
     assert snap["locks"] == [{"seq_id": hit.seq_id, "node": node["id"]}]

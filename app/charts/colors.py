@@ -46,3 +46,16 @@ def owner_color(owner: str, order: list[str]) -> str:
     if not owner:
         return FREE_COLOR
     return request_color(owner, order)
+
+
+# The bundled LoRA adapters keep one colour each across the LoRA pages (and the base model a neutral grey);
+# any other adapter name takes a request colour by its place in `order`.
+ADAPTER_COLORS: dict[str, str] = {"base model": "#B5BBC4", "pirate": "#C85200", "terse": "#1170AA",
+                                  "bullets": "#3E8E41"}
+
+
+def adapter_color(name: str | None, order: list[str] | None = None) -> str:
+    key = name or "base model"
+    if key in ADAPTER_COLORS:
+        return ADAPTER_COLORS[key]
+    return request_color(key, order or [key])

@@ -45,13 +45,19 @@ def _load(session: EngineSession, page: str, scenario: Scenario) -> bool:
     return True
 
 
-def requests_frame(requests: tuple[RequestSpec, ...]) -> pd.DataFrame:
+def columns_for(scenario: Scenario) -> list[str]:
+    """The editor's columns: an adapter column only where the engine serves LoRA adapters."""
+    return COLUMNS[:1] + ["adapter"] + COLUMNS[1:] if "max_loras" in scenario.engine else COLUMNS
+
+
+def requests_frame(requests: tuple[RequestSpec, ...], columns: list[str] = COLUMNS) -> pd.DataFrame:
     rows = []
     for r in requests:
         d = r.to_dict()
         d["stop"] = d["stop"][0] if d["stop"] else ""
-        rows.append({c: d[c] for c in COLUMNS})
-    df = pd.DataFrame(rows, columns=COLUMNS)
+        d["adapter"] = r.adapter or ""
+        rows.append({c: d[c] for c in columns})
+    df = pd.DataFrame(rows, columns=columns)
     # Nullable integers: a column of unset seeds is empty cells, not the word "None" (object dtype).
     df["seed"] = df["seed"].astype("Int64")
     return df
@@ -72,10 +78,11 @@ def _clean(value: Any) -> Any:
 def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
     """Rows of the edited table as validated RequestSpecs; blank rows are skipped."""
     specs: list[RequestSpec] = []
+    columns = [c for c in columns_for(Scenario("", (), {"max_loras": 1})) if c in df.columns]
     for i, row in enumerate(df.to_dict("records")):
-        raw = {c: _clean(row.get(c)) for c in COLUMNS}
+        raw = {c: _clean(row.get(c)) for c in columns}
         if not raw.get("prompt") or not str(raw["prompt"]).strip():
-            if all(raw[c] in (None, "", False) for c in COLUMNS if c != "prompt"):
+            if all(raw[c] in (None, "", False) for c in columns if c != "prompt"):
                 continue
             raise ScenarioError(f"request {i + 1}: 'prompt' is required")
         data = {k: (v if v is not None else _DEFAULTS[k]) for k, v in raw.items()}
@@ -86,6 +93,8 @@ def requests_from_frame(df: pd.DataFrame) -> list[RequestSpec]:
         data["stop"] = [stop] if stop else []
         for key in ("temperature", "top_p"):
             data[key] = float(data[key])
+        if "adapter" in data:
+            data["adapter"] = str(raw["adapter"] or "").strip() or None
         specs.append(parse_request(data, i))
     if not specs:
         raise ScenarioError("the scenario needs at least one request with a prompt")
@@ -109,6 +118,9 @@ def _engine_inputs(scenario: Scenario, prefix: str) -> dict[str, Any]:
     out["policy"] = c[1].radio("policy", ["continuous", "static"], index=["continuous", "static"].index(cfg.policy),
                                horizontal=True, key=f"{prefix}-pol")
     out["chunked_prefill"] = c[2].checkbox("chunked prefill", cfg.chunked_prefill, key=f"{prefix}-cp")
+    if "max_loras" in scenario.engine:  # multi-LoRA scenarios: how many adapters fit on the device at once
+        out["max_loras"] = c[3].number_input("max_loras (adapter slots on the device)", 1, 8, cfg.max_loras,
+                                             key=f"{prefix}-ml")
     if "spec_drafter" in scenario.engine:  # speculative-decoding scenarios show their drafter knobs
         c = st.columns(4)
         drafters = list(DRAFTERS)
@@ -141,7 +153,8 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
             st.markdown("**Requests** (edit cells, add or delete rows; prompts go through the chat template "
                         "when *chat* is ticked)")
             edited = st.data_editor(
-                requests_frame(session.scenario.requests), key=f"{prefix}-table", num_rows="dynamic",
+                requests_frame(session.scenario.requests, columns_for(session.scenario)), key=f"{prefix}-table",
+                num_rows="dynamic",
                 hide_index=True, width="stretch",
                 column_config={
                     "prompt": st.column_config.TextColumn("prompt", width="large", required=True),
@@ -154,6 +167,9 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                     "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
                     "stop": st.column_config.TextColumn("stop string"),
                     "request_id": st.column_config.TextColumn("name", width="small", help="empty: r0, r1, ... by position"),
+                    "adapter": st.column_config.SelectboxColumn(
+                        "adapter", options=["", *getattr(session.engine, "adapter_names", ())],
+                        help="the LoRA adapter this request runs with; empty: the base model"),
                 },
             )
             st.markdown("**Engine**")
@@ -227,6 +243,9 @@ def _live_add(session: EngineSession, page: str) -> None:
             max_tokens = c[0].number_input("max_tokens", 1, 512, 12, key=f"{prefix}-mt")
             temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key=f"{prefix}-t")
             n = c[2].number_input("n", 1, 8, 1, key=f"{prefix}-n")
+            names = getattr(session.engine, "adapter_names", ())
+            adapter = (st.selectbox("LoRA adapter", ["(base model)", *names], key=f"{prefix}-adapter")
+                       if names else "(base model)")
             go = st.form_submit_button(f"Add (arrives at step {session.engine.step_index})")
         if go:
             if not str(prompt).strip():
@@ -234,7 +253,8 @@ def _live_add(session: EngineSession, page: str) -> None:
             else:
                 try:
                     spec = RequestSpec(str(prompt), max_tokens=int(max_tokens), temperature=float(temperature),
-                                       n=int(n), ignore_eos=True)
+                                       n=int(n), ignore_eos=True,
+                                       adapter=None if adapter == "(base model)" else adapter)
                     spec.sampling_params()
                 except ValueError as e:
                     session.report(f"Request not added: {e}")

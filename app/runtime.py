@@ -26,6 +26,12 @@ def device() -> str:
     return os.environ.get("INFERSCOPE_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def device_label() -> str:
+    """Where the engine runs, for a sentence: "the CPU" or the GPU's name."""
+    dev = device()
+    return "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+
+
 def dtype_name() -> str:
     # fp32 on the CPU reference path (the cached weights are fp32); bf16 on a GPU.
     return "float32" if device() == "cpu" else "bfloat16"

@@ -47,6 +47,24 @@ def page_settings(page: str, default: Callable[[], T]) -> T:
     return st.session_state[key]
 
 
+def submitted_settings(page: str, candidate: Any | None) -> Any:
+    """A settings form's outcome: `candidate` (the form's settings when it was submitted, else None) becomes the
+    page's settings if its `check()` passes; a rejected one is an error above the last settings that ran, which
+    stay. Returns the settings to run (`page_settings(page, ...)` holds them)."""
+    ss, error_key = st.session_state, f"{page}-error"
+    if candidate is not None:
+        try:
+            candidate.check()
+        except ValueError as e:
+            ss[error_key] = str(e)[:1].upper() + str(e)[1:] + "."
+        else:
+            ss[error_key] = None
+            ss[settings_key(page)] = candidate
+    if err := ss.get(error_key):
+        st.error(f"{err} The results below are the last run's.", icon=":material/error:")
+    return ss[settings_key(page)]
+
+
 def page_cache(page: str) -> dict:
     """A per-page dict for measured results (comparisons, timings) that must survive reruns."""
     key = f"page-cache:{page}"

@@ -32,7 +32,8 @@ import torch  # noqa: E402
 from bench.results_io import write_results  # noqa: E402
 from engine.kv_compression.lab import first_difference  # noqa: E402
 from engine.lora.merge import merged_state_dict  # noqa: E402
-from engine.lora.merge_lab import (DEFAULT_PROMPT, RANDOM, answer, chat_prompt_ids, footprint,  # noqa: E402
+from engine.lora.anatomy import footprint  # noqa: E402
+from engine.lora.merge_lab import (DEFAULT_PROMPT, RANDOM, answer, chat_prompt_ids,  # noqa: E402
                                    merged_and_lora_engines, resolve_adapter, time_decode)
 from engine.model import release_prepared  # noqa: E402
 from engine.weights import LoadedWeights, load_weights  # noqa: E402

@@ -24,6 +24,7 @@ ENGINE_PAGES = {
     "10_disaggregated.py": "disagg",
     "11_test_time_compute.py": "ttc",
     "12_constrained_decoding.py": "cd",
+    "17_multi_lora.py": "ml",
 }
 TIMEOUT = 600  # seconds per script run: a step is 0.1-0.3 s on an idle 2-core CPU, far more when shared
 

@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 
 from engine.lora import random_adapter, save_adapter
 from engine.lora.adapter import TARGETS, hf_weight_name, target_shape
-from engine.lora.merge_lab import (RANDOM, MergeSettings, adapter_params, anatomy, base_params, default_settings,
-                                   file_stamp, resolve_adapter, run_merge_lab, spectrum)
+from engine.lora.anatomy import adapter_params, anatomy, base_params, spectrum
+from engine.lora.merge_lab import RANDOM, MergeSettings, default_settings, file_stamp, resolve_adapter, run_merge_lab
 
 import app.sections.lora_merge as section
 from app.analysis.lora_merge import (H200_BYTES, LLAMA_8B, PARTS, Deployment, breakdown, divergence, examples,

@@ -72,6 +72,21 @@ def earlier_answers(name: str = "data") -> list[str]:
     return [tok.decode(t[p:].tolist(), skip_special_tokens=True) for t, p in zip(raw["tokens"], raw["prompt_lens"])]
 
 
+def answer_all(engine: LLMEngine, prompts: list[str], params: SamplingParams) -> tuple[list, int, float]:
+    """Every prompt as a user turn, all queued at once and answered together: (results in prompt order, steps,
+    seconds). Prints progress every 50 steps."""
+    t0 = time.perf_counter()
+    rids = [engine.add_request([{"role": "user", "content": p}], params) for p in prompts]
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+        if steps % 50 == 0:
+            done = sum(engine.result(r).samples[0].finish_reason != "" for r in rids)
+            print(f"step {steps}: {done}/{len(rids)} done, {time.perf_counter() - t0:.0f} s", flush=True)
+    return [engine.result(r) for r in rids], steps, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=480)
@@ -91,18 +106,7 @@ def main() -> None:
         make, prompts = training_prompts_2, training_prompts_2(earlier_answers())[args.skip:args.count]
     else:
         make, prompts = training_prompts_3, training_prompts_3(args.count)[args.skip:]
-    t0 = time.perf_counter()
-    rids = [engine.add_request([{"role": "user", "content": p}], SamplingParams(max_tokens=args.max_tokens))
-            for p in prompts]
-    steps = 0
-    while engine.has_work():
-        engine.step()
-        steps += 1
-        if steps % 50 == 0:
-            done = sum(engine.result(r).samples[0].finish_reason != "" for r in rids)
-            print(f"step {steps}: {done}/{len(rids)} done, {time.perf_counter() - t0:.0f} s", flush=True)
-    gen_seconds = time.perf_counter() - t0
-    results = [engine.result(r) for r in rids]
+    results, _, gen_seconds = answer_all(engine, prompts, SamplingParams(max_tokens=args.max_tokens))
     seqs = [list(r.prompt_token_ids) + list(r.token_ids) for r in results]
     t1 = time.perf_counter()
     feats = extract_features(engine, seqs)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,22 +148,12 @@ def generate(count: int, max_tokens: int = 96, seed: int = 0) -> dict:
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
     from engine.weights import load_weights
+    from training.generate_data import answer_all
 
     prompts = training_prompts(count, seed)
     engine = LLMEngine(EngineConfig(num_blocks=2400, max_num_seqs=64, max_num_batched_tokens=1024,
                                     trace_detail="light", profile_kernels=False), load_weights("real"))
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    t0 = time.perf_counter()
-    rids = [engine.add_request([{"role": "user", "content": p}], params) for p in prompts]
-    steps = 0
-    while engine.has_work():
-        engine.step()
-        steps += 1
-        if steps % 50 == 0:
-            done = sum(engine.result(r).samples[0].finish_reason != "" for r in rids)
-            print(f"step {steps}: {done}/{len(rids)} done, {time.perf_counter() - t0:.0f} s", flush=True)
-    seconds = time.perf_counter() - t0
-    results = [engine.result(r) for r in rids]
+    results, steps, seconds = answer_all(engine, prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0))
     examples = []
     for p, r in zip(prompts, results):
         reason = r.samples[0].finish_reason

@@ -297,10 +297,11 @@ def train(spec: AdapterSpec, *, steps: int, rank: int, lr: float, batch_size: in
     tokens_seen = 0
     t0 = time.perf_counter()
     model.train()
-    step = 0
+    step, capped = 0, False
     for step in range(steps):
         if time.perf_counter() - t0 > minutes * 60:
             print(f"[{spec.name}] stopping at the {minutes}-minute cap after {step} steps", flush=True)
+            capped = True
             break
         if len(order) < batch_size:
             more = list(train_items)
@@ -344,7 +345,10 @@ def train(spec: AdapterSpec, *, steps: int, rank: int, lr: float, batch_size: in
                  "held_out_answer_tokens": sum(len(i.ids) - i.prompt_len for i in held_items),
                  "answer_max_tokens": data_meta.get("max_tokens"), "max_target_tokens": max_target_tokens,
                  "decoding": "greedy", "transform": f"training.lora_data.{spec.transform.__name__}"},
-        "steps": step, "batch_size": batch_size, "tokens_seen": tokens_seen, "rank": rank, "alpha": alpha,
+        "steps": step, "planned_steps": steps,
+        "stopped_by": f"the {minutes}-minute wall-clock cap" if capped else "the planned steps",
+        "lr_at_last_step": round(lr_at(step - 1, steps, lr, warmup), 6),
+        "batch_size": batch_size, "tokens_seen": tokens_seen, "rank": rank, "alpha": alpha,
         "targets": list(spec.targets), "lr": lr, "warmup_steps": warmup, "schedule": "linear warm-up, cosine to 0.1x",
         "optimizer": "AdamW (betas 0.9, 0.99, no weight decay), grad clip 1.0", "model_dtype": "float32",
         "train_loss_first": round(losses[0], 4), "train_loss_last": round(sum(losses[-10:]) / len(losses[-10:]), 4),

@@ -13,8 +13,8 @@ import pandas as pd
 
 from engine.config import ModelConfig
 from engine.kv_compression.lab import first_difference
-from engine.lora.merge_lab import (CHECKPOINT_BYTES_PER_PARAM, Footprint, MergeResult, StepTiming, adapter_params,
-                                   base_params, result_dict)
+from engine.lora.anatomy import CHECKPOINT_BYTES_PER_PARAM, Footprint, adapter_params, base_params
+from engine.lora.merge_lab import MergeResult, StepTiming, result_dict
 
 H200_BYTES = 141e9  # NVIDIA's figure for the H200's HBM3e
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.lora.merge_lab import MergeResult, Spectrum
+from engine.lora.anatomy import Spectrum
+from engine.lora.merge_lab import MergeResult
 
 from app.analysis.lora_merge import PARTS, Deployment, breakdown
 from app.charts.axes import log_axis

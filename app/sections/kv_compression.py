@@ -17,7 +17,7 @@ from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOI
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure, variant_color)
 from app.formatting import fmt_duration, plural
-from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
+from app.runtime import backend_summary, device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
@@ -55,8 +55,7 @@ def kv_explanation() -> None:
 
 
 def backend_line() -> None:
-    dev = device()
-    where = "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+    where = device_label()
     st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) on {where} · "
                f"reference cache in {dtype_name()} · the lab's attention is the **torch path on every device**: it "
                "dequantizes the stored codes, then attends (no fused kernel reads FP8 or INT4 here, so times show "

@@ -4,12 +4,12 @@ from __future__ import annotations
 import html
 
 import streamlit as st
-import torch
 
 from engine.lora.adapter import TARGETS
 from engine.lora.merge_lab import (BATCH_CHOICES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANDOM, RANKS, MergeResult,
                                    MergeSettings, bundled_names, default_settings, file_stamp, resolve_adapter,
-                                   run_merge_lab, spectrum)
+                                   run_merge_lab)
+from engine.lora.anatomy import spectrum
 
 from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
                                      learned_frame, live_deployment, load_bench, memory_frame, result_json,
@@ -17,8 +17,8 @@ from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapte
 from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench_figure, memory_figure,
                                    spectrum_figure, step_time_figure)
 from app.formatting import fmt_duration, plural
-from app.runtime import device, dtype_name, shared_weights, weights_mode
-from app.state import page_cache, page_run
+from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
+from app.state import page_cache, page_run, page_settings, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -54,8 +54,7 @@ def lora_explanation() -> None:
 
 
 def backend_line() -> None:
-    dev = device()
-    where = "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+    dev, where = device(), device_label()
     kernels = ("the torch reference kernels (no GPU on this server; Triton is not used): the LoRA update is two "
                "small matmuls per fused linear and adapter, after the base matmul" if dev == "cpu" else
                "Triton kernels: the base GEMM, then the batched LoRA shrink and expand (SGMV-style) per fused linear")
@@ -90,10 +89,7 @@ def targets_words(targets: tuple[str, ...]) -> str:
 def settings_form(page: str) -> MergeSettings:
     """The form; returns the settings to show (the last ones that ran: a rejected form keeps them, with its
     message)."""
-    ss = st.session_state
-    if _key(page, "settings") not in ss:
-        ss[_key(page, "settings")] = default_settings()
-    shown: MergeSettings = ss[_key(page, "settings")]
+    shown: MergeSettings = page_settings(page, default_settings)
     names = bundled_names()
     if not names:
         st.info(f"**No trained adapter yet**: engine/assets/adapters/ holds no adapter file (`{TRAIN_COMMAND}` "
@@ -117,22 +113,14 @@ def settings_form(page: str) -> MergeSettings:
                                key=_key(page, "prompt"),
                                help=f"up to {MAX_PROMPT_CHARS:,} characters; sent in the model's ChatML template")
         submitted = st.form_submit_button("Merge, serve and measure", icon=":material/play_arrow:", type="primary")
+    candidate = None
     if submitted:
         random = adapter == RANDOM
         candidate = MergeSettings(adapter=str(adapter), rank=int(rank) if random else MergeSettings.rank,
                                   prompt=str(prompt), max_new_tokens=int(new_tokens),
                                   batch_sizes=tuple(sorted(int(b) for b in batches)),
                                   stamp="" if random else file_stamp(str(adapter)))
-        try:
-            candidate.check()
-        except ValueError as e:
-            ss[_key(page, "error")] = str(e)[:1].upper() + str(e)[1:] + "."
-        else:
-            ss[_key(page, "error")] = None
-            ss[_key(page, "settings")] = candidate
-    if err := ss.get(_key(page, "error")):
-        st.error(f"{err} The results below are the last run's.", icon=":material/error:")
-    return ss[_key(page, "settings")]
+    return submitted_settings(page, candidate)
 
 
 def get_result(page: str, s: MergeSettings) -> MergeResult | None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import streamlit as st
-import torch
 
 from engine.weight_quant.lab import (GROUPS, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, METHOD_LABELS, METHODS,
                                      LabResult, LabSettings, run_lab)
@@ -13,8 +12,8 @@ from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      method_color, quality_figure)
 from app.formatting import fmt_duration
-from app.runtime import device, dtype_name, shared_weights, weights_mode
-from app.state import page_run
+from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
+from app.state import page_run, page_settings, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -58,8 +57,7 @@ def wq_explanation() -> None:
 
 
 def backend_line() -> None:
-    dev = device()
-    where = "the CPU" if dev == "cpu" else torch.cuda.get_device_name(torch.device(dev))
+    where = device_label()
     st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) · quantization and scoring "
                "in fp32 on the CPU; each checkpoint's answer from the live engine on "
                f"{where} ({dtype_name()}) · the weights are **dequantized for the matmuls** (no W4A16 kernel here): "
@@ -78,9 +76,7 @@ def _key(page: str, name: str) -> str:
 def settings_form(page: str) -> LabSettings:
     """The form; returns the settings to show (the last ones that ran: a rejected form keeps them, with its
     message)."""
-    ss = st.session_state
-    ss.setdefault(_key(page, "settings"), LabSettings())
-    shown: LabSettings = ss[_key(page, "settings")]
+    shown: LabSettings = page_settings(page, LabSettings)
     with st.form(f"{page}-form", border=True):
         c = st.columns([2, 1, 1, 1.3, 1.2])
         methods = c[0].multiselect("Methods", list(METHODS), default=list(shown.methods),
@@ -102,19 +98,9 @@ def settings_form(page: str) -> LabSettings:
         new_tokens = c[1].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, shown.max_new_tokens,
                                        key=_key(page, "new-tokens"))
         submitted = st.form_submit_button("Quantize and measure", icon=":material/play_arrow:", type="primary")
-    if submitted:
-        candidate = LabSettings(tuple(methods), int(bits), int(group), calibration, int(tokens), str(prompt),
-                                int(new_tokens))
-        try:
-            candidate.check()
-        except ValueError as e:
-            ss[_key(page, "error")] = str(e)[:1].upper() + str(e)[1:] + "."
-        else:
-            ss[_key(page, "error")] = None
-            ss[_key(page, "settings")] = candidate
-    if err := ss.get(_key(page, "error")):
-        st.error(f"{err} The results below are the last run's.", icon=":material/error:")
-    return ss[_key(page, "settings")]
+    candidate = LabSettings(tuple(methods), int(bits), int(group), calibration, int(tokens), str(prompt),
+                            int(new_tokens)) if submitted else None
+    return submitted_settings(page, candidate)
 
 
 def get_result(page: str, s: LabSettings) -> LabResult | None:

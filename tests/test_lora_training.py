@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from engine.lora.adapter import TARGETS, hf_weight_name, load_adapter, save_adapter
 from engine.weights import hf_reference_model
-from training.lora_data import (complete_sentences, pirate_words, split_sentences, to_bullets, to_pirate,
+from training.lora_data import (complete_sentences, pirate_words, sentence_ends, split_sentences, to_bullets, to_pirate,
                                 to_terse)
 from training.train_lora import IM_END_ID, Item, add_lora, collate, set_lora_enabled, to_adapter
 
@@ -72,9 +72,16 @@ _TEXT = st.lists(st.tuples(_SENTENCE, st.sampled_from([" ", "\n", "\n\n"])), min
 @settings(max_examples=60, deadline=None)
 @given(_TEXT)
 def test_terse_is_a_prefix_ending_a_sentence(text: str) -> None:
+    """The documented contract, which the committed adapter was trained on: the answer up to its first sentence
+    end (`sentence_ends`: punctuation that is not an abbreviation or an initial such as "A."), or the whole answer
+    when it has none. A line break alone does not end the sentence (a list's "Here are some tips:" keeps its
+    first item), so the output holds exactly one sentence end, not necessarily one line."""
     out = to_terse(text)
-    assert text.startswith(out) and out and out[-1] in ".!?"
-    assert len(split_sentences(out)) == 1
+    assert text.startswith(out) and out
+    if sentence_ends(text):
+        assert out[-1] in ".!?" and len(sentence_ends(out)) == 1
+    else:
+        assert out == text
 
 
 @settings(max_examples=60, deadline=None)

@@ -722,3 +722,25 @@ def test_multi_lora_page(server, page) -> None:  # noqa: ANN001
     assert plotly_count(page) >= 4
     assert_chart_text_apart(page)
     shoot(page, "17_multi_lora_compared")
+
+
+def test_activation_quantization_page(server, page) -> None:  # noqa: ANN001
+    """The default run on a projector (the real model's weights and activations fake-quantized in eight formats, an
+    α sweep): the channel chart before and after smoothing, the outlier ratios, the distance chart, the sweep and
+    each format's answer, with chart text that fits and stays apart; another layer input redraws from the run."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "activation-quantization")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 4
+    assert page.locator(".aq-row").count() == 9  # the full model and eight formats
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == 4 and plotly_count(page) >= 4
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_buttons_fit(page)
+    shoot(page, "18_activation_quantization")
+    choose(page, "Layer input", "down")
+    assert_clean(page)
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="per input channel")
+    assert "down (SwiGLU output)" in chart.inner_text()
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)

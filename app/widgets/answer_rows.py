@@ -26,8 +26,10 @@ def answer_rows(rows: Sequence[tuple[str, str, Sequence[int]]], reference: Seque
     find its rows."""
     lines = []
     for label, color, tokens in rows:
-        parts = "".join(f'<span class="{css}-{"same" if same else "diff"}">{html.escape(text)}</span>'
-                        for text, same in text_segments(tokens, reference, decode))
+        # Newlines as <br>: a blank line inside st.markdown's HTML ends the block, and the rest of the answer
+        # fell out of its row as plain markdown, unhighlighted.
+        parts = "".join(f'<span class="{css}-{"same" if same else "diff"}">{html.escape(text).replace(chr(10), "<br>")}'
+                        '</span>' for text, same in text_segments(tokens, reference, decode))
         lines.append(f'<div class="{css}-row"><span class="{css}-name" style="border-color:{color}">'
                      f'{html.escape(label)}</span>{parts or "<i>(no text)</i>"}</div>')
     style = (f"<style>.{css}-row{{margin:0.25rem 0 0.6rem 0;line-height:1.55;white-space:pre-wrap}}"

@@ -29,6 +29,9 @@ LINEAR_INPUTS: dict[str, tuple[str, ...]] = {
 
 # Called with (input name, the input [tokens, features]) before the linears that read it.
 InputHook = Callable[[str, torch.Tensor], None]
+# Called with (layer, input name, the input [tokens, features]) right before the linears that read it; what it
+# returns is what they multiply (activation quantization fakes a low-precision input this way). None: unchanged.
+ActTransform = Callable[[int, str, torch.Tensor], torch.Tensor]
 
 
 def weight_key(layer: int, linear: str) -> str:
@@ -40,14 +43,18 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, hook: InputHook | None = None) -> torch.Tensor:
-    """One decoder layer on h [B, T, hidden] (B sequences of T tokens, each causal from position 0)."""
+                  cos: torch.Tensor, sin: torch.Tensor, hook: InputHook | None = None,
+                  act: ActTransform | None = None) -> torch.Tensor:
+    """One decoder layer on h [B, T, hidden] (B sequences of T tokens, each causal from position 0). `hook` sees
+    each linear input as computed; `act` may replace it before the matmuls (after the hook)."""
     B, T, _ = h.shape
     p = f"model.layers.{layer}."
     W = lambda linear: sd[weight_key(layer, linear)]  # noqa: E731
     x = _rmsnorm(h, sd[p + "input_layernorm.weight"], cfg.rms_norm_eps).reshape(B * T, -1)
     if hook:
         hook("qkv", x)
+    if act:
+        x = act(layer, "qkv", x)
     hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q = (x @ W("self_attn.q_proj").T).reshape(B * T, hq, d)
     k = (x @ W("self_attn.k_proj").T).reshape(B * T, hk, d)
@@ -60,14 +67,20 @@ def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: 
     a = attn.transpose(1, 2).reshape(B * T, hq * d)
     if hook:
         hook("o", a)
+    if act:
+        a = act(layer, "o", a)
     h = h + (a @ W("self_attn.o_proj").T).reshape(B, T, -1)
     x = _rmsnorm(h, sd[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps).reshape(B * T, -1)
     if hook:
         hook("gate_up", x)
-    act = F.silu(x @ W("mlp.gate_proj").T) * (x @ W("mlp.up_proj").T)
+    if act:
+        x = act(layer, "gate_up", x)
+    y = F.silu(x @ W("mlp.gate_proj").T) * (x @ W("mlp.up_proj").T)
     if hook:
-        hook("down", act)
-    return h + (act @ W("mlp.down_proj").T).reshape(B, T, -1)
+        hook("down", y)
+    if act:
+        y = act(layer, "down", y)
+    return h + (y @ W("mlp.down_proj").T).reshape(B, T, -1)
 
 
 def embed(sd: dict[str, torch.Tensor], token_ids: torch.Tensor) -> torch.Tensor:
@@ -79,13 +92,14 @@ def rope_tables(cfg: ModelConfig, max_len: int) -> tuple[torch.Tensor, torch.Ten
 
 
 @torch.inference_mode()
-def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[int]) -> torch.Tensor:
-    """Next-token logits [T, vocab] at every position of one sequence (fp32)."""
+def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[int],
+                    act: ActTransform | None = None) -> torch.Tensor:
+    """Next-token logits [T, vocab] at every position of one sequence (fp32); `act` as in `layer_forward`."""
     ids = torch.tensor([token_ids])
     cos, sin = rope_tables(cfg, len(token_ids))
     h = embed(sd, ids).float()
     for i in range(cfg.num_layers):
-        h = layer_forward(cfg, sd, i, h, cos, sin)
+        h = layer_forward(cfg, sd, i, h, cos, sin, act=act)
     h = _rmsnorm(h[0], sd["model.norm.weight"], cfg.rms_norm_eps)
     head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])  # tied embeddings
     return (h @ head.T).float()

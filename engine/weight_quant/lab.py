@@ -29,7 +29,7 @@ from engine.model import release_prepared
 from engine.sampling_params import SamplingParams
 from engine.state_memo import StateDictMemo
 from engine.weight_quant.awq import awq_quantize
-from engine.weight_quant.dense import LINEAR_INPUTS, embed, layer_forward, rope_tables, sequence_logits, weight_key
+from engine.weight_quant.dense import LINEAR_INPUTS, ActTransform, embed, layer_forward, rope_tables, sequence_logits, weight_key
 from engine.weight_quant.grid import Grid, round_to_nearest
 from engine.weight_quant.gptq import gptq_quantize, hessian
 from engine.weight_quant.texts import (CALIBRATION_SETS, CHAT_ANSWER_TOKENS, CHAT_CALIBRATION, CHAT_EVAL,
@@ -278,8 +278,9 @@ class EvalSet:
     reference_state: dict[str, torch.Tensor]  # the full model's weights (scored without running it again)
 
 
-def _scored_logprobs(weights: LoadedWeights, sd: dict[str, torch.Tensor], text: EvalText) -> torch.Tensor:
-    logits = sequence_logits(weights.config, sd, list(text.token_ids))
+def _scored_logprobs(weights: LoadedWeights, sd: dict[str, torch.Tensor], text: EvalText,
+                     act: ActTransform | None = None) -> torch.Tensor:
+    logits = sequence_logits(weights.config, sd, list(text.token_ids), act)
     # The logits at position p predict token p + 1.
     return torch.log_softmax(logits[text.first_scored - 1:-1].float(), dim=-1)
 
@@ -293,12 +294,13 @@ def build_eval_set(weights: LoadedWeights, chat_conversations: list[tuple[list[i
     return EvalSet(tuple(texts), refs, weights.state_dict)
 
 
-def score(weights: LoadedWeights, eval_set: EvalSet) -> dict[str, DomainScore]:
-    """`weights` (the full model or a quantized one) measured against the full model on the held-out texts."""
+def score(weights: LoadedWeights, eval_set: EvalSet, act: ActTransform | None = None) -> dict[str, DomainScore]:
+    """`weights` (the full model or a quantized one) measured against the full model on the held-out texts;
+    `act` transforms each linear's input in the dense pass (activation quantization; None: unchanged)."""
     sums: dict[str, list[float]] = {}
     sd = weights.state_dict
     for text, ref in zip(eval_set.texts, eval_set.reference_logprobs):
-        lp = ref if sd is eval_set.reference_state else _scored_logprobs(weights, sd, text)
+        lp = ref if sd is eval_set.reference_state and act is None else _scored_logprobs(weights, sd, text, act)
         targets = torch.tensor(text.token_ids[text.first_scored:])
         kl = (ref.exp() * (ref - lp)).sum(-1)
         agree = (ref.argmax(-1) == lp.argmax(-1)).float()

@@ -1,0 +1,111 @@
+"""Plain data for the activation quantization page: the results table, the outliers per layer input, one input's
+channels before and after smoothing, NVIDIA's published H200 peaks, and the run as JSON."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from engine.act_quant.lab import ActLabResult, VariantOutcome
+
+Stat = Literal["mean", "max"]
+STAT_LABELS: dict[Stat, str] = {"mean": "mean |x|", "max": "max |x|"}
+INPUT_LABELS = {"qkv": "q, k, v (after the attention norm)", "o": "o (attention output)",
+                "gate_up": "gate, up (after the MLP norm)", "down": "down (SwiGLU output)"}
+TOP_SHARE = 0.01  # the channels marked as outliers: the top 1 % (at least one)
+
+
+@dataclass(frozen=True, slots=True)
+class VendorPeak:
+    """A dense tensor-core peak from NVIDIA's H200 datasheet (the sparse figures are twice these). Not measured
+    here: the CPU has no tensor cores, and the app's own H200 measurement is bf16 only (~790 TFLOP/s)."""
+
+    precision: str
+    tflops: float
+
+
+H200_PEAKS = (VendorPeak("BF16", 989.0), VendorPeak("FP8", 1979.0))
+
+
+def fp8_speedup() -> float:
+    peaks = {p.precision: p.tflops for p in H200_PEAKS}
+    return peaks["FP8"] / peaks["BF16"]
+
+
+def answer_note(v: VariantOutcome) -> str:
+    if v.variant is None:
+        return "—"
+    return "same as full" if v.first_difference is None else f"token {v.first_difference + 1}"
+
+
+def results_frame(result: ActLabResult) -> pd.DataFrame:
+    rows = []
+    for v in result.outcomes:
+        chat, prose = v.scores["chat"], v.scores["prose"]
+        rows.append({"Format": v.label, "W bits": v.bits_per_weight, "A bits": v.bits_per_activation,
+                     "Chat KL": chat.kl, "Chat top-1": chat.top1,
+                     "Prose KL": prose.kl, "Prose top-1": prose.top1, "Answer leaves at": answer_note(v)})
+    return pd.DataFrame(rows)
+
+
+def outlier_frame(result: ActLabResult) -> pd.DataFrame:
+    """One row per (layer, layer input): largest channel / median channel, before and after smoothing."""
+    return pd.DataFrame([{"layer": o.layer, "input": o.input, "mean": o.mean_ratio, "max": o.max_ratio,
+                          "mean_smoothed": o.mean_ratio_smoothed, "max_smoothed": o.max_ratio_smoothed}
+                         for o in result.outliers],
+                        columns=["layer", "input", "mean", "max", "mean_smoothed", "max_smoothed"])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChannelView:
+    """One layer input's channels: a statistic before and after dividing by SmoothQuant's s, the outlier
+    channels (the top 1 % before smoothing) and the largest / median ratio of each."""
+
+    layer: int
+    input: str
+    stat: Stat
+    before: np.ndarray
+    after: np.ndarray
+    outliers: np.ndarray  # channel indices
+    ratio_before: float
+    ratio_after: float
+
+
+def _ratio(m: np.ndarray) -> float:
+    return float(m.max() / max(float(np.median(m)), 1e-12))
+
+
+def channel_view(result: ActLabResult, layer: int, inp: str, stat: Stat) -> ChannelView:
+    key = (layer, inp)
+    before = (result.mean_profile if stat == "mean" else result.max_profile)[key]
+    after = before / result.scales[key].numpy()
+    top = max(1, int(round(TOP_SHARE * len(before))))
+    return ChannelView(layer, inp, stat, before, after, np.argsort(before)[::-1][:top], _ratio(before), _ratio(after))
+
+
+def worst_layer(result: ActLabResult, inp: str, stat: Stat = "max") -> int:
+    """The layer whose `inp` has the most extreme channel: the default one to look at."""
+    frame = outlier_frame(result)
+    rows = frame[frame["input"] == inp]
+    return int(rows.loc[rows[stat].idxmax(), "layer"]) if len(rows) else 0
+
+
+def result_json(result: ActLabResult) -> str:
+    s = result.settings
+    return json.dumps({
+        "settings": {"variants": list(s.variants), "alpha": s.alpha, "sweep": s.sweep,
+                     "calibration_tokens": s.calibration_tokens, "prompt": s.prompt,
+                     "max_new_tokens": s.max_new_tokens},
+        "simulation": "fake quantization: values rounded to each format, matmuls in fp32 on the CPU",
+        "seconds": result.seconds,
+        "variants": [{"key": v.key, "label": v.label, "bits_per_weight": v.bits_per_weight,
+                      "bits_per_activation": v.bits_per_activation, "answer": v.answer_text,
+                      "first_difference": v.first_difference,
+                      "scores": {d: {"kl": sc.kl, "top1": sc.top1, "nll": sc.nll, "tokens": sc.tokens}
+                                 for d, sc in v.scores.items()}} for v in result.outcomes],
+        "alpha_sweep": [{"alpha": p.alpha, "chat_kl": p.chat_kl, "chat_top1": p.chat_top1} for p in result.sweep],
+        "outliers": outlier_frame(result).to_dict(orient="records"),
+    }, indent=1)

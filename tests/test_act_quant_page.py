@@ -1,0 +1,99 @@
+"""The activation quantization page: registered, its tables and charts from a tiny run, and the page under AppTest
+(random weights, CPU, a small run put in place of the default): every section, a redraw that runs nothing, bad
+input and a failing run as messages that keep the last results."""
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.act_quant.lab import VARIANTS, ActLabSettings, run_lab
+
+import app.sections.act_quant as section
+from app.analysis.act_quant import (channel_view, fp8_speedup, outlier_frame, result_json, results_frame,
+                                    worst_layer)
+from app.charts.act_quant import (alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, tick_label,
+                                  variant_color)
+from app.registry import PAGES
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+
+PAGE, PREFIX = "18_activation_quantization.py", "aq"
+SUBMIT = f"FormSubmitter:{PREFIX}-form-Quantize and measure"
+SMALL = ActLabSettings(variants=("int8-tensor", "int8-sq", "nvfp4"), sweep="int8-tensor", calibration_tokens=64,
+                       max_new_tokens=3)
+
+
+def test_page_is_registered() -> None:
+    spec = next(p for p in PAGES if p.url_path == "activation-quantization")
+    assert spec.available and spec.section == "Serving post-trained models"
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tiny_weights):  # noqa: ANN001, ANN201
+    return run_lab(tiny_weights, ActLabSettings(calibration_tokens=128, max_new_tokens=4))
+
+
+def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
+    frame = results_frame(tiny_result)
+    assert list(frame["Format"]) == [v.label for v in tiny_result.outcomes]
+    assert frame["Chat KL"].iloc[0] == pytest.approx(0, abs=1e-9) and (frame["Chat KL"].iloc[1:] > 0).all()
+    assert frame["Answer leaves at"].iloc[0] == "—" and frame["A bits"].iloc[0] == 16
+    outliers = outlier_frame(tiny_result)
+    assert len(outliers) == 2 * 4 and (outliers[["mean", "max"]] >= 1).all().all()
+    layer = worst_layer(tiny_result, "down", "max")
+    view = channel_view(tiny_result, layer, "down", "max")
+    assert len(view.before) == len(view.after) == 128 and len(view.outliers) == 1
+    assert view.before[view.outliers[0]] == view.before.max()
+    figs = [channel_figure(view), outlier_ratio_figure(outliers, "max"), quality_figure(tiny_result),
+            alpha_figure(tiny_result)]
+    for fig in figs:
+        assert isinstance(fig, go.Figure) and fig.layout.title.text
+        assert fig.layout.legend.y is None or fig.layout.legend.y < 0
+    assert len(figs[2].data) == 2 and len(figs[2].data[0].x) == len(tiny_result.variants)
+    assert len(figs[3].data[-2].x) == 10  # the sweep's alphas (then the lowest one's star)
+    assert fp8_speedup() == pytest.approx(2, rel=0.01)
+    assert {variant_color(v) for v in VARIANTS.values()} and all("<br>" in tick_label(v) for v in VARIANTS.values())
+    data = json.loads(result_json(tiny_result))
+    assert [v["key"] for v in data["variants"]] == [None, *tiny_result.settings.variants]
+    assert len(data["alpha_sweep"]) == 10
+
+
+def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
+    random_app.session_state[f"{PREFIX}-settings"] = SMALL
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    assert [s.value for s in at.subheader] == ["The difficulty: a few channels hundreds of times larger",
+                                               "What each format keeps", "What each format answers",
+                                               "Why it matters"]
+    assert len(at.get("plotly_chart")) == 4  # channels, ratios, distance, alpha sweep
+    text = " ".join(c.value for c in at.caption)
+    assert "simulated in fp32" in text and "not measured here" in text
+    # Another layer input and statistic redraw from the run (nothing runs again).
+    monkeypatch.setattr(section, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
+    at.selectbox(key=f"{PREFIX}-input").set_value("down").run()
+    at.radio(key=f"{PREFIX}-stat").set_value("mean").run()
+    assert_clean(at)
+    # Bad input: a message, and the results stay.
+    at.text_input(key=f"{PREFIX}-prompt").set_value("   ")
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The prompt is empty: type something for the models to answer. "
+                                           "The results below are the last run's."]
+    assert len(at.get("plotly_chart")) == 4
+    at.multiselect(key=f"{PREFIX}-variants").set_value([])
+    at.text_input(key=f"{PREFIX}-prompt").set_value("Name a colour.")
+    at.button(key=SUBMIT).click().run()
+    assert [e.value for e in at.error] == ["Pick at least one format. The results below are the last run's."]
+
+    # A failing run is a message; the last results stay on screen.
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(section, "run_lab", broken)
+    at.multiselect(key=f"{PREFIX}-variants").set_value(["fp8-tensor"])
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The run failed: out of memory (simulated)"]
+    assert len(at.get("plotly_chart")) == 4

@@ -29,7 +29,7 @@ from engine.kv_compression.lab import first_difference
 from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, embed, layer_forward, rope_tables,
                                        sequence_logits, weight_key)
 from engine.weight_quant.lab import (DomainScore, EvalSet, activation_profile, build_eval_set, calibration_windows,
-                                     chat_prompt_ids, fp32_state, reference_texts, score)
+                                     check_run_inputs, chat_prompt_ids, fp32_state, reference_texts, score)
 from engine.weight_quant.texts import WINDOW
 from engine.weights import LoadedWeights
 
@@ -108,15 +108,8 @@ class ActLabSettings:
             raise ValueError(f"SmoothQuant's α must be from 0 to 1, not {self.alpha}")
         if self.sweep is not None and self.sweep not in SWEEPABLE:
             raise ValueError(f"the α sweep runs on one of {', '.join(SWEEPABLE)}")
-        if not WINDOW <= self.calibration_tokens <= MAX_CALIBRATION_TOKENS or self.calibration_tokens % WINDOW:
-            raise ValueError(f"calibration tokens must be a multiple of {WINDOW} from {WINDOW} to "
-                             f"{MAX_CALIBRATION_TOKENS}")
-        if not self.prompt.strip():
-            raise ValueError("the prompt is empty: type something for the models to answer")
-        if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} here")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"tokens to generate must be 1 to {MAX_NEW_TOKENS}")
+        check_run_inputs(self.calibration_tokens, self.prompt, self.max_new_tokens, MAX_CALIBRATION_TOKENS,
+                         MAX_PROMPT_CHARS, MAX_NEW_TOKENS)
 
 
 # ----------------------------------------------------------------------------------------- calibration

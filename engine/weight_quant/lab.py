@@ -50,6 +50,20 @@ FULL_BYTES = 2  # the reference is counted as a 16-bit checkpoint, what a GPU se
 Progress = Callable[[str, float], None]
 
 
+def check_run_inputs(calibration_tokens: int, prompt: str, max_new_tokens: int, max_calibration_tokens: int,
+                     max_prompt_chars: int, max_new: int) -> None:
+    """The checks a calibrate-score-answer lab shares (this one and engine/act_quant): ValueError with a message
+    the page shows as is."""
+    if not WINDOW <= calibration_tokens <= max_calibration_tokens or calibration_tokens % WINDOW:
+        raise ValueError(f"calibration tokens must be a multiple of {WINDOW} from {WINDOW} to {max_calibration_tokens}")
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: type something for the models to answer")
+    if len(prompt) > max_prompt_chars:
+        raise ValueError(f"the prompt is {len(prompt)} characters; at most {max_prompt_chars} here")
+    if not 1 <= max_new_tokens <= max_new:
+        raise ValueError(f"tokens to generate must be 1 to {max_new}")
+
+
 @dataclass(frozen=True, slots=True)
 class LabSettings:
     methods: tuple[Method, ...] = METHODS
@@ -71,15 +85,8 @@ class LabSettings:
             raise ValueError(f"group size must be one of {GROUPS} (0: one scale per output row)")
         if self.calibration not in CALIBRATION_SETS:
             raise ValueError(f"calibration set must be one of {', '.join(CALIBRATION_SETS)}")
-        if not WINDOW <= self.calibration_tokens <= MAX_CALIBRATION_TOKENS or self.calibration_tokens % WINDOW:
-            raise ValueError(f"calibration tokens must be a multiple of {WINDOW} from {WINDOW} to "
-                             f"{MAX_CALIBRATION_TOKENS}")
-        if not self.prompt.strip():
-            raise ValueError("the prompt is empty: type something for the models to answer")
-        if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} here")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"tokens to generate must be 1 to {MAX_NEW_TOKENS}")
+        check_run_inputs(self.calibration_tokens, self.prompt, self.max_new_tokens, MAX_CALIBRATION_TOKENS,
+                         MAX_PROMPT_CHARS, MAX_NEW_TOKENS)
 
     @property
     def grid(self) -> Grid:

@@ -117,7 +117,7 @@ def comparison_figure(summaries: list[ComparisonSummary]) -> go.Figure:
         for s, color in zip(summaries, colors):
             # One trace per set-up, named in the legend: the set-ups' long names would collide as tick labels.
             fig.add_bar(x=[s.name], y=[value(s)], marker_color=color, name=s.name, legendgroup=s.name,
-                        showlegend=col == 1, text=[f"{value(s):.3g}"], textposition="outside", row=1, col=col)
+                        showlegend=col == 1, text=[f"{value(s):.3g}"], textposition="inside", row=1, col=col)
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(showticklabels=False)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.08, x=0), bargap=0.25)

@@ -154,6 +154,18 @@ def tiny_run(tiny_weights):  # noqa: ANN001, ANN201
                                                 sweep="nvfp4"))
 
 
+def test_the_lab_runs_from_bf16_weights(tiny_weights) -> None:  # noqa: ANN001
+    """A GPU server holds the weights in bf16 (on the GPU): the lab runs in fp32 on the CPU all the same. (On an
+    H200 the page failed with 'expected mat1 and mat2 to have the same dtype': the full model's answer read
+    the server's bf16 weights directly.)"""
+    from engine.weights import LoadedWeights
+    half = LoadedWeights(tiny_weights.config, {k: v.to(torch.bfloat16) for k, v in tiny_weights.state_dict.items()},
+                         "tiny, bf16", tiny_weights.tokenizer)
+    r = run_lab(half, ActLabSettings(variants=("int8-tensor", "nvfp4-sq"), calibration_tokens=128,
+                                     max_new_tokens=3, sweep="int8-tensor"))
+    assert len(r.variants) == 2 and r.sweep and r.reference.scores["chat"].kl == pytest.approx(0, abs=1e-9)
+
+
 def test_the_lab_on_the_tiny_model(tiny_run, tiny_weights) -> None:  # noqa: ANN001
     r = tiny_run
     assert [v.key for v in r.variants] == list(VARIANTS)

@@ -228,8 +228,9 @@ def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int,
     sequence again, which at a few dozen tokens is cheaper than building an engine that could fake-quantize)."""
     ids, out = list(prompt), []
     eos = set(weights.tokenizer.eos_token_ids)
+    sd = fp32_state(weights)  # a GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32
     for _ in range(max_new_tokens):
-        t = int(sequence_logits(weights.config, weights.state_dict, ids, act)[-1].argmax())
+        t = int(sequence_logits(weights.config, sd, ids, act)[-1].argmax())
         if t in eos:
             break
         out.append(t)

@@ -95,6 +95,11 @@ PAGES: tuple[PageSpec, ...] = (
              "targets you set, SLO attainment and goodput per batch cap, token budget or output cap, and one run "
              "on engine time, request by request.",
              ":material/timer:", "pages/14_slo_goodput.py", "latency-slo-goodput"),
+    PageSpec("Parallelism for serving", "Serving",
+             "The live model split by matrix over tensor-parallel ranks (the same tokens, a third of the weights "
+             "and KV cache each, 62 collectives a step) and by layer over pipeline stages (a Gantt of measured stage "
+             "times, the bubble); the wire on an H200, and expert parallelism's memory, traffic and load imbalance.",
+             ":material/lan:", "pages/19_parallelism.py", "parallelism"),
     PageSpec("Weight-only quantization", "Serving post-trained models",
              "The live model's linears rounded to 4 bits (or 8, 3, 2) by round-to-nearest, AWQ and GPTQ, calibrated "
              "on its own chat answers, on prose or on random tokens: size against KL and agreement with the full model, "

@@ -110,6 +110,14 @@ def _server_run(key: tuple, run: Callable[[], Any]) -> Any:
         return result
 
 
+def progress_reporter(bar: Any) -> Callable[[str, float], None]:
+    """The (message, share) callback the engine's labs report through, drawn on `page_run`'s progress bar."""
+    def report(msg: str, frac: float) -> None:
+        bar.progress(min(1.0, max(0.0, frac)), text=msg)
+
+    return report
+
+
 def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str) -> T | None:
     """A page's long run (the KV compression lab, the load test, the weight quantization lab) for settings
     `key`: from this tab's page cache, else from the server's (one result per page, weights, device and

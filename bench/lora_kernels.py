@@ -7,7 +7,9 @@ down 1536->576), T in {1, 8, 64, 256, 2048} rows, per-adapter rank r in {8, 16, 
 R = r * targets in the group: qkv 3r, gate_up 2r, o and down r) and {1, 4, 16} distinct adapters in
 the batch (rows assigned round-robin, so every adapter's rows interleave with the others'):
   - base: F.linear(x, W) (cuBLAS), per (group, T);
-  - lora: lora_apply_triton(y, x, A, B, slots) (shrink + expand), with `--pdl` also with PDL;
+  - lora: lora_apply_triton(y, x, A, B, slots) (the path its shape rule picks: one launch at decode
+    batches, shrink + expand otherwise), with `--pdl` also with PDL; at T <= 64 both paths forced
+    (`fused_us`, `two_kernel_us`), which is how the rule's threshold was picked;
   - achieved bandwidth from `kernels.lora_ref.lora_cost` (each used adapter's A and B once, the
     rows' x read and y read + written; the fp32 scratch V is not counted).
 Timing: each measurement is a CUDA graph of LAYERS calls, each with its own weights (as the 30
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import os
 import re
 import sys
 import time
@@ -36,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.results_io import write_results  # noqa: E402
+from bench.results_io import write_results_and_out  # noqa: E402
 from kernels.lora_ref import lora_apply_ref, lora_cost  # noqa: E402
 
 # (K, N, targets stacked in R)
@@ -130,7 +131,7 @@ def base_times(ts, gen) -> dict[tuple[str, int], float]:
 
 
 def lora_times(cases, gen, pdl_too: bool) -> list[dict]:
-    from kernels.lora_triton import lora_apply_triton, lora_config
+    from kernels.lora_triton import FUSED_MAX_R, lora_apply_triton, lora_config, use_fused
 
     rows = []
     key = None
@@ -146,6 +147,11 @@ def lora_times(cases, gen, pdl_too: bool) -> list[dict]:
         for pdl in (False, True) if pdl_too else (False,):
             us = graph_time_us(lambda: [lora_apply_triton(y, x, A, B, slots, pdl=pdl) for A, B in weights]) / LAYERS
             row["lora_pdl_us" if pdl else "lora_us"] = us
+        row["path"] = "one launch" if use_fused(t, c["R"]) else "two launches"
+        if t <= 64 and c["R"] <= FUSED_MAX_R:  # both paths where both may run: where the shape rule should switch
+            for fused in (False, True):
+                row["fused_us" if fused else "two_kernel_us"] = graph_time_us(
+                    lambda: [lora_apply_triton(y, x, A, B, slots, fused=fused) for A, B in weights]) / LAYERS
         flops, nbytes = lora_cost(t, c["R"], k, n, min(t, c["adapters"]), DT.itemsize)
         row.update(bytes=nbytes, flops=flops, GBps=nbytes / (row["lora_us"] * 1e-6) / 1e9,
                    TFLOPs=flops / (row["lora_us"] * 1e-6) / 1e12, config=vars(lora_config(t, c["R"], k, n)))
@@ -227,8 +233,8 @@ def main() -> None:
     tag = device_tag()
     if args.sweep:
         rows = sweep(gen)
-        write_results(args.out or ROOT / "bench" / "results" / f"lora_kernels_sweep_{tag}.json",
-                      {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows})
+        write_results_and_out(args.out or ROOT / "bench" / "results" / f"lora_kernels_sweep_{tag}.json",
+                              {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows})
         return
     checks = correctness(gen)
     ts = sorted({c["T"] for c in cases})
@@ -239,20 +245,20 @@ def main() -> None:
         row["lora_over_base"] = row["lora_us"] / row["base_us"]
 
     print(f"\n{'group':8s} {'r':>3s} {'R':>4s} {'T':>5s} {'ad':>3s} {'base us':>8s} {'lora us':>8s} "
-          f"{'ratio':>6s} {'GB/s':>7s} {'TFLOP/s':>8s}" + (f" {'+pdl us':>8s}" if args.pdl else ""))
+          f"{'ratio':>6s} {'GB/s':>7s} {'TFLOP/s':>8s}" + (f" {'+pdl us':>8s}" if args.pdl else "")
+          + f" {'1 launch':>9s} {'2 launches':>10s}")
     for row in rows:
         print(f"{row['group']:8s} {row['r']:3d} {row['R']:4d} {row['T']:5d} {row['adapters']:3d} "
               f"{row['base_us']:8.2f} {row['lora_us']:8.2f} {row['lora_over_base']:6.2f} {row['GBps']:7.0f} "
-              f"{row['TFLOPs']:8.2f}" + (f" {row['lora_pdl_us']:8.2f}" if args.pdl else ""))
+              f"{row['TFLOPs']:8.2f}" + (f" {row['lora_pdl_us']:8.2f}" if args.pdl else "")
+              + (f" {row['fused_us']:9.2f} {row['two_kernel_us']:10.2f}" if "fused_us" in row else ""))
     elapsed = time.time() - t0
     print(f"\n{len(rows)} cases in {elapsed:.0f} s")
 
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "dtype": "bfloat16", "layers": LAYERS, "timing": "CUDA graph of LAYERS calls, mean per call",
               "elapsed_s": elapsed, "checks": checks, "rows": rows}
-    write_results(args.out or ROOT / "bench" / "results" / f"lora_kernels_{tag}.json", result)
-    if os.environ.get("OUT"):
-        write_results(Path(os.environ["OUT"]) / f"lora_kernels_{tag}.json", result)
+    write_results_and_out(args.out or ROOT / "bench" / "results" / f"lora_kernels_{tag}.json", result)
 
 
 if __name__ == "__main__":

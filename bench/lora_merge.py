@@ -19,7 +19,6 @@ is set).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.results_io import write_results  # noqa: E402
+from bench.results_io import write_results_and_out  # noqa: E402
 from engine.kv_compression.lab import first_difference  # noqa: E402
 from engine.lora.merge import merged_state_dict  # noqa: E402
 from engine.lora.anatomy import footprint  # noqa: E402
@@ -54,10 +53,19 @@ def main() -> None:
     ap.add_argument("--timed", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default: OMP_NUM_THREADS)")
     ap.add_argument("--no-graphs", action="store_true", help="on a GPU: eager steps, kernels profiled")
+    ap.add_argument("--lora-launches", default="auto", choices=("auto", "two", "one-no-pdl"),
+                    help="two: never the one-launch LoRA kernel (kernels/lora_triton.py); one-no-pdl: that kernel "
+                         "outside PDL chains; for A/Bs of those paths")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.lora_launches != "auto":
+        import kernels.lora_triton as lora_triton
+        if args.lora_launches == "two":
+            lora_triton.FUSED_MAX_T = 0  # `use_fused` reads it at every call
+        else:
+            lora_triton.FUSED_PDL = False
     cuda = args.device == "cuda"
     mode = args.weights or ("random" if cuda else "real")
     dtype = "bfloat16" if cuda else "float32"
@@ -113,12 +121,10 @@ def main() -> None:
               f"{row['extra']:+.1%} | {lora} | {share} | {fl} | {same} |")
     data = {"device": args.device, "device_name": device_name, "weights": mode, "dtype": dtype, "cuda_graphs": graphs,
             "threads": torch.get_num_threads(), "prompt": DEFAULT_PROMPT, "prompt_tokens": len(prompt_ids),
-            "warmup": args.warmup, "timed": args.timed, "answer_tokens": ANSWER_TOKENS,
+            "warmup": args.warmup, "timed": args.timed, "answer_tokens": ANSWER_TOKENS, "lora_launches": args.lora_launches,
             "seconds": time.perf_counter() - t_start, "rows": rows}
     out = args.out or str(ROOT / "bench" / "results" / f"lora_merge_{args.device}.json")
-    write_results(out, data)
-    if os.environ.get("OUT"):
-        write_results(Path(os.environ["OUT"]) / Path(out).name, data)
+    write_results_and_out(out, data)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ output is checked against the torch reference before it is timed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 import kernels.paged_attention_triton as pa  # noqa: E402
 from bench.kernels import (D, DT, HKV, HQ, SCALE, bench, bench_graph, clocks_up, contiguous_sets,  # noqa: E402
                            decode_kv_bytes, make_decode_set, rel, rotating_sets, sdpa_variants)
-from bench.results_io import write_results  # noqa: E402
+from bench.results_io import write_results_and_out  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
 B = 64
@@ -152,9 +151,7 @@ def main() -> None:
         rows.append(row)
         # Written after every length, so a run cut short by the device's time limit keeps its rows.
         data = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
-        write_results(args.out, data)
-        if os.environ.get("OUT"):
-            write_results(Path(os.environ["OUT"]) / Path(args.out).name, data)
+        write_results_and_out(args.out, data)
         cols = [k for k in row if k.endswith("_ms")]
         print(f"L={L:>6} " + "  ".join(f"{k[:-3]} {row[k] * 1e3:7.1f} us ({row['sdpa_ms'] / row[k]:.2f}x SDPA)"
                                        for k in cols), flush=True)

@@ -26,6 +26,9 @@ shapes: (chunk x group, output tile [x K split]).
   expand adds them in a fixed order (deterministic, no atomics).
 - expand: a program loads its rows' V in BLOCK_R slices and loops over every `expand_splits`-th
   tile of BLOCK_N columns of y.
+- One kernel can do both (`_lora_fused_kernel`, `fused=True`, R <= FUSED_MAX_R): each column program
+  recomputes its rows' V over all of K, to halve a decode step's LoRA launches. Measured slower inside
+  the engine's step, so not picked by shape (see FUSED_MAX_T).
 
 Arithmetic (both products accumulate in fp32, as the reference):
 - shrink: tl.dot on the inputs' dtype with fp32 accumulation; fp32 inputs with input_precision
@@ -188,6 +191,65 @@ def _lora_expand_kernel(
             tl.store(y_ptr, (y.to(tl.float32) + upd).to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["T"])
+def _lora_fused_kernel(
+    X, A, B, Y, SLOTS,
+    T, S, K, N, R, GROUPS_PER_CHUNK,
+    stride_xt, stride_as, stride_ar, stride_ak, stride_bs, stride_bn, stride_br, stride_yt,
+    CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    S_PAD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    R_PAD: tl.constexpr,  # the whole stacked rank in one tile (<= FUSED_MAX_R)
+    BLOCK_N: tl.constexpr,
+    SPLIT_BF16: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Shrink and expand in one launch, for decode-sized batches: every program computes its rows' whole V
+    (all of K, all R columns) and then its share of y's column tiles. The programs of one row group each
+    recompute that V (N / BLOCK_N times a [BLOCK_M, K] x [K, R] product, a few hundred kFLOP at decode), which
+    costs less than a second launch and V's round trip through memory."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    slot, rows, m_ok, exists = _find_group(SLOTS, T, S, GROUPS_PER_CHUNK, CHUNK, BLOCK_M, S_PAD)
+    if exists:
+        r = tl.arange(0, R_PAD)
+        r_ok = r < R
+        a_tile = A + slot.to(tl.int64) * stride_as + r.to(tl.int64)[None, :] * stride_ar  # [1, R_PAD]
+        kk = tl.arange(0, BLOCK_K)
+        v = tl.zeros((BLOCK_M, R_PAD), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + kk
+            k_ok = k < K
+            xt = tl.load(X + rows[:, None] * stride_xt + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(a_tile + k[:, None] * stride_ak, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+            v += _dot(xt, at, DOT_F32)
+        if SPLIT_BF16:  # as in the expand kernel: V as three bf16 terms
+            hi = v.to(tl.bfloat16)
+            rest = v - hi.to(tl.float32)
+            mid = rest.to(tl.bfloat16)
+            lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        b_slot = B + slot.to(tl.int64) * stride_bs
+        for nt in range(tl.program_id(1), tl.cdiv(N, BLOCK_N), tl.num_programs(1)):
+            n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            bt = tl.load(b_slot + n.to(tl.int64)[None, :] * stride_bn + r[:, None] * stride_br,
+                         mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+            if SPLIT_BF16:
+                acc = _dot(hi, bt, DOT_F32)
+                acc += _dot(mid, bt, DOT_F32)
+                acc += _dot(lo, bt, DOT_F32)
+            else:
+                acc = _dot(v, bt, True)
+            y_ptr = Y + rows[:, None] * stride_yt + n[None, :]
+            mask = m_ok[:, None] & n_ok[None, :]
+            y = tl.load(y_ptr, mask=mask, other=0.0)
+            upd = acc.to(Y.dtype.element_ty).to(tl.float32)
+            tl.store(y_ptr, (y.to(tl.float32) + upd).to(Y.dtype.element_ty), mask=mask)
+
+
 @dataclass(frozen=True)
 class LoraConfig:
     """Tiles and grid of one call (tiles are powers of two; CHUNK a multiple of both BLOCK_Ms)."""
@@ -204,6 +266,17 @@ class LoraConfig:
 
 
 MAX_CHUNK = 256
+# The one-launch kernel (`_lora_fused_kernel`) for batches up to FUSED_MAX_T rows and stacked ranks up to
+# FUSED_MAX_R. At decode a LoRA apply is launch-bound (two launches per fused linear, 240 per step of this model),
+# hence the idea: one launch, the shrink recomputed in every column program. Alone it wins (H200, CUDA graph of
+# 30 applies: 4.1 against 5.1 us at T = 1, bench/results/lora_kernels_paths_h200.json), but inside the engine's
+# decode step it lost: r = 8, batch 1, 1.80-2.28 ms a step against 1.35-1.42 with two launches, with or without
+# PDL (bench/results/lora_launch_ab_h200.json). Not understood yet (profile it in the step), so the shape rule
+# never picks it: FUSED_MAX_T = 0. `fused=True` still runs it; the tests keep it exact.
+FUSED_MAX_T = 0
+FUSED_MAX_R = 64
+FUSED_BLOCK_N = 64
+FUSED_PDL = True  # whether the one-launch kernel joins a PDL chain when asked (bench/lora_merge.py A/Bs it)
 # Programs to aim for per launch: a few per SM of an H100 / H200 (132 SMs).
 _TARGET_PROGRAMS = 512
 
@@ -237,11 +310,16 @@ def _groups_per_chunk(t: int, chunk: int, block_m: int, s: int) -> int:
     return min(min(t, chunk), chunk // block_m + min(s, chunk))
 
 
+def use_fused(t: int, r: int) -> bool:
+    return t <= FUSED_MAX_T and r <= FUSED_MAX_R
+
+
 def lora_apply_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                      slots: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+                      slots: torch.Tensor, pdl: bool = False, fused: bool | None = None) -> torch.Tensor:
     """y[t] += B[slots[t]] @ (A[slots[t]] @ x[t]) for rows with slots[t] >= 0, in place; returns y.
     y [T, N], x [T, K], A [S, R, K], B [S, N, R] (scale folded in), slots [T] int32 (see the module
-    docstring)."""
+    docstring). `fused`: one launch (shrink recomputed per column program) or two; None: by `use_fused`
+    (shapes only, so a CUDA graph replays the same choice)."""
     assert y.dim() == 2 and x.dim() == 2 and A.dim() == 3 and B.dim() == 3 and slots.dim() == 1
     t, n = y.shape
     s_count, r, k = A.shape
@@ -256,6 +334,19 @@ def lora_apply_triton(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torc
     use_pdl = pdl and pdl_supported(y.device)
     s_pad = max(16, triton.next_power_of_2(s_count))
     chunks = triton.cdiv(t, cfg.chunk)
+    if use_fused(t, r) if fused is None else fused:
+        if r > FUSED_MAX_R:
+            raise ValueError(f"the one-launch LoRA kernel takes stacked ranks up to {FUSED_MAX_R}, got {r}")
+        block_m = 16
+        gpc = _groups_per_chunk(t, cfg.chunk, block_m, s_count)
+        _lora_fused_kernel[(chunks * gpc, triton.cdiv(n, FUSED_BLOCK_N))](
+            x, A, B, y, slots, t, s_count, k, n, r, gpc,
+            x.stride(0), A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2), y.stride(0),
+            CHUNK=cfg.chunk, BLOCK_M=block_m, S_PAD=s_pad, BLOCK_K=64, R_PAD=max(16, triton.next_power_of_2(r)),
+            BLOCK_N=FUSED_BLOCK_N, SPLIT_BF16=B.dtype == torch.bfloat16, DOT_F32=x.dtype == torch.float32 or _INTERPRET,
+            PDL=use_pdl and FUSED_PDL, num_warps=cfg.num_warps, **launch_options(use_pdl and FUSED_PDL),
+        )
+        return y
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.shrink_block_k), cfg.k_splits) * cfg.shrink_block_k
     k_splits = triton.cdiv(k, k_per_split)  # no empty split
     v = torch.empty((k_splits, t, r), dtype=torch.float32, device=y.device)  # partial sums over K

@@ -745,3 +745,27 @@ def test_activation_quantization_page(server, page) -> None:  # noqa: ANN001
     assert "down (SwiGLU output)" in chart.inner_text()
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+
+
+def test_parallelism_page(server, page) -> None:  # noqa: ANN001
+    """The default run on a projector (the real model on one rank and on three, four requests through three
+    pipeline stages, ~4 s here): the degree table, the same-tokens check, the layer split, memory, the passes, the
+    Gantt and the expert arithmetic, with chart text that fits and stays apart; a degree that does not split is a
+    message, and the last run stays on screen."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "parallelism")
+    assert_clean(page)
+    assert assert_formulas_fit(page) >= 4
+    assert page.get_by_text("The same").count() >= 1 and page.locator(".par-row").count() == 2
+    assert page.locator(".pp-row").count() == 4
+    assert plotly_count(page) >= 6
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "19_parallelism")
+    choose(page, "Tensor-parallel degree", "2")
+    click_button(page, "Shard, pipeline and measure")
+    error = page.locator('[data-testid="stAlertContentError"]')
+    assert error.count() == 1 and "Degrees that work for it: 1, 3" in error.inner_text()
+    assert page.locator('[data-testid="stException"]').count() == 0 and plotly_count(page) >= 6

@@ -91,7 +91,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, y0: torch.Tensor, slots: torch
     return res
 
 
-def run_case(name, t, s, r, k, n, dtype, pattern, gen, device="cpu", strided=False, pdl=False) -> dict:
+def run_case(name, t, s, r, k, n, dtype, pattern, gen, device="cpu", strided=False, pdl=False, fused=None) -> dict:
     from kernels.lora_ref import lora_apply_ref
     from kernels.lora_triton import lora_apply_triton
 
@@ -110,7 +110,7 @@ def run_case(name, t, s, r, k, n, dtype, pattern, gen, device="cpu", strided=Fal
         assert not A.is_contiguous() or r <= 3
     else:
         y = y0.clone()
-    out = lora_apply_triton(y, x, A, B, slots, pdl=pdl)
+    out = lora_apply_triton(y, x, A, B, slots, pdl=pdl, fused=fused)
     assert out.data_ptr() == y.data_ptr()
     ref = lora_apply_ref(y0.clone(), x, A, B, slots)
     res = {"name": name, **compare(out, ref, y0, slots)}
@@ -157,10 +157,32 @@ CPU_CASES = {
 }
 
 
+# The one-launch kernel (`fused=True`; not chosen by shape, see kernels.lora_triton.FUSED_MAX_T) on every
+# regime, and the two kernels forced too: name -> (case of CPU_CASES, fused).
+FORCED_CASES = {
+    "t1_bf16_fused": ("t1_bf16", True),
+    "t1_fp32_fused": ("t1_fp32", True),
+    "t5_split_k_fp32_fused": ("t5_split_k_fp32", True),
+    "t1_bf16_two_kernels": ("t1_bf16", False),
+    "t13_random_fp32_two_kernels": ("t13_random_fp32", False),
+    "t5_split_k_fp32_two_kernels": ("t5_split_k_fp32", False),
+    "t37_random_fp32_fused": ("t37_random_fp32", True),
+    "t37_random_bf16_fused": ("t37_random_bf16", True),
+    "t200_round_robin_bf16_fused": ("t200_round_robin_bf16", True),
+    "t300_segments_bf16_fused": ("t300_segments_bf16", True),
+    "t29_strided_bf16_fused": ("t29_strided_bf16", True),
+    "t20_all_skipped_bf16_fused": ("t20_all_skipped_bf16", True),
+}
+
+
 def _child(seed: int) -> list[dict]:
     gen = torch.Generator().manual_seed(seed)
-    return [run_case(name, t, s, r, k, n, DTYPES[dt], pat, gen, strided=strided)
-            for name, (t, s, r, k, n, dt, pat, strided) in CPU_CASES.items()]
+    out = [run_case(name, t, s, r, k, n, DTYPES[dt], pat, gen, strided=strided)
+           for name, (t, s, r, k, n, dt, pat, strided) in CPU_CASES.items()]
+    for name, (base, fused) in FORCED_CASES.items():
+        t, s, r, k, n, dt, pat, strided = CPU_CASES[base]
+        out.append(run_case(name, t, s, r, k, n, DTYPES[dt], pat, gen, strided=strided, fused=fused))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +201,7 @@ def interpreter_results() -> dict:
     return {"seed": res["seed"], "by_name": {r["name"]: r for r in res["results"]}}
 
 
-@pytest.mark.parametrize("name", sorted(CPU_CASES))
+@pytest.mark.parametrize("name", sorted(CPU_CASES) + sorted(FORCED_CASES))
 def test_interpreter(interpreter_results, name):
     check(interpreter_results["by_name"][name], interpreter_results["seed"])
 
@@ -239,23 +261,38 @@ def test_gpu_large_prefill_and_odd_ranks():
                        device="cuda"), seed)
 
 
+@pytest.mark.parametrize("t, fused", [(1, True), (2, False), (16, True), (64, True)])
+@pytest.mark.parametrize("group", sorted(GROUPS))
+@on_gpu
+def test_gpu_each_path_at_every_batch(group, t, fused):
+    """Each path forced (the one-launch kernel is never picked by shape): both stay exact at real shapes."""
+    k, n, targets = GROUPS[group]
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    res = run_case(f"{group} T={t} fused={fused}", t, 16, 16 * targets, k, n, torch.bfloat16, "round_robin", gen,
+                   device="cuda", fused=fused)
+    check(res, seed)
+    assert res["identical_frac"] > 0.99, f"{res} (seed {seed})"
+
+
+@pytest.mark.parametrize("t, fused", [(8, True), (8, False), (64, None)])  # the one-launch kernel, the two kernels
 @pytest.mark.parametrize("pdl", [False, True])
 @on_gpu
-def test_gpu_cuda_graph_slots_change_between_replays(pdl):
+def test_gpu_cuda_graph_slots_change_between_replays(pdl, t, fused):
     from kernels.lora_ref import lora_apply_ref
     from kernels.lora_triton import lora_apply_triton
 
     seed = int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator().manual_seed(seed)
-    t, s, (k, n, targets) = 64, 8, GROUPS["qkv"]
+    s, (k, n, targets) = 8, GROUPS["qkv"]
     y0, x, A, B = make_inputs(t, s, 16 * targets, k, n, torch.bfloat16, gen, "cuda")
     y = y0.clone()
     slots = make_slots(t, s, "round_robin", gen, "cuda")
-    lora_apply_triton(y, x, A, B, slots, pdl=pdl)  # compile outside the capture
+    lora_apply_triton(y, x, A, B, slots, pdl=pdl, fused=fused)  # compile outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        lora_apply_triton(y, x, A, B, slots, pdl=pdl)
+        lora_apply_triton(y, x, A, B, slots, pdl=pdl, fused=fused)
     for pattern in ("random", "none", "segments", "3", "round_robin"):
         new = make_slots(t, s, pattern, gen, "cuda")
         slots.copy_(new)

@@ -12,7 +12,7 @@ from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, chann
 from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, variant_color
 from app.formatting import fmt_duration
 from app.runtime import shared_weights, weights_mode
-from app.state import page_run, page_settings, submitted_settings
+from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -85,10 +85,7 @@ def settings_form(page: str) -> ActLabSettings:
 
 def get_result(page: str, s: ActLabSettings) -> ActLabResult | None:
     def run(bar) -> ActLabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        def progress(msg: str, frac: float) -> None:
-            bar.progress(min(1.0, max(0.0, frac)), text=msg)
-
-        return run_lab(shared_weights(), s, progress)
+        return run_lab(shared_weights(), s, progress_reporter(bar))
 
     return page_run(page, s, run, "Quantizing…", "The run failed")
 

@@ -18,7 +18,7 @@ from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench
                                    spectrum_figure, step_time_figure)
 from app.formatting import fmt_duration, plural
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
-from app.state import page_cache, page_run, page_settings, submitted_settings
+from app.state import page_cache, page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -126,10 +126,7 @@ def settings_form(page: str) -> MergeSettings:
 def get_result(page: str, s: MergeSettings) -> MergeResult | None:
     """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
     def run(bar) -> MergeResult:  # noqa: ANN001 (a Streamlit progress bar)
-        def progress(msg: str, frac: float) -> None:
-            bar.progress(min(1.0, max(0.0, frac)), text=msg)
-
-        return run_merge_lab(shared_weights(), s, progress, device(), dtype_name())
+        return run_merge_lab(shared_weights(), s, progress_reporter(bar), device(), dtype_name())
 
     return page_run(page, s, run, "Merging and serving…", "The run failed")
 

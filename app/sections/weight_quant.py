@@ -13,7 +13,7 @@ from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep
                                      method_color, quality_figure)
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
-from app.state import page_run, page_settings, submitted_settings
+from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -106,10 +106,7 @@ def settings_form(page: str) -> LabSettings:
 def get_result(page: str, s: LabSettings) -> LabResult | None:
     """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
     def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        def progress(msg: str, frac: float) -> None:
-            bar.progress(min(1.0, max(0.0, frac)), text=msg)
-
-        return run_lab(shared_weights(), s, device(), dtype_name(), progress)
+        return run_lab(shared_weights(), s, device(), dtype_name(), progress_reporter(bar))
 
     return page_run(page, s, run, "Quantizing…", "The run failed")
 

@@ -1,0 +1,253 @@
+"""Tensor- and pipeline-parallel decode steps: what one rank computes, and (with several GPUs) what the wire costs.
+
+    OMP_NUM_THREADS=2 PYTHONPATH=. python3 bench/parallel.py                    # CPU: real weights, fp32, eager
+    python3 bench/parallel.py --device cuda                                     # GPU: random weights, bf16
+
+One rank of a tensor-parallel group runs the per-rank functions of engine/parallel/tensor_parallel.py for a
+decode step (batch B, every sequence `--context` tokens in): its vocabulary slice of the embedding, for every layer
+its heads' attention and O columns and its MLP channels, its slice of the logits. The all-reduces between them
+are left out (a rank alone has no one to reduce with), so the time is the rank's compute, which is what tensor
+parallelism divides. Timed eager and, on a GPU, as one CUDA graph per step (median of `--timed` rounds of
+`--reps` replays). Pipeline stages (tp = 1) likewise: each stage's layers as one graph; the embedding goes with
+the first stage and the LM head with the last. Those plain torch functions launch about 60 kernels a layer, so
+on a GPU at small batch their time is mostly kernel count; `engine_rank` therefore also runs one rank's shapes
+(9/tp query heads, 3/tp KV heads, 1536/tp MLP channels, 49152/tp vocabulary rows) and one pipeline stage's
+(its layers, with an embedding and LM head) through the engine's own decode step: fused Triton kernels replayed
+as CUDA graphs, what this project serves with.
+
+With two or more GPUs it also spawns one process per GPU and times NCCL all-reduces of one decode step's
+hidden state (576 x B bf16) over 2 .. n GPUs: the 61 collectives per step a tensor-parallel rank waits for. The
+machines lent so far have one GPU, so that part has not run yet; `all_reduce` stays empty then.
+
+Prints a table and writes JSON to --out (default bench/results/parallel_<cpu|h200>.json, and $OUT/ when set).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.results_io import write_results_and_out  # noqa: E402
+from engine.model import rope_cache  # noqa: E402
+from engine.parallel.plan import stage_layers  # noqa: E402
+from engine.parallel.tensor_parallel import (RankShard, attention_partial, embed_partial, logits_partial,  # noqa: E402
+                                             mlp_partial, new_rank_cache, rmsnorm, shard_weights)
+from engine.config import ModelConfig  # noqa: E402
+from engine.engine import LLMEngine  # noqa: E402
+from engine.lora.merge_lab import engine_config  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.weights import LoadedWeights, load_weights, random_state_dict  # noqa: E402
+
+BATCHES = (1, 16, 64, 256)
+
+
+def rank_step(cfg, shard: RankShard, ids: torch.Tensor, cache, start: int, cos, sin, layers: range,  # noqa: ANN001
+              first: bool, last: bool, h: torch.Tensor | None = None) -> torch.Tensor:
+    """One rank's share of a decode step over `layers`, its partial sums added locally where an all-reduce
+    would add all ranks' (the same arithmetic and memory traffic on this rank, without the wire)."""
+    eps = cfg.rms_norm_eps
+    if first:
+        h = embed_partial(shard, ids)
+    for i in layers:
+        x = rmsnorm(h, shard.layers[i]["attn_norm"], eps)
+        h = h + attention_partial(cfg, shard, i, x, cache, start, cos, sin)
+        x = rmsnorm(h, shard.layers[i]["mlp_norm"], eps)
+        h = h + mlp_partial(shard, i, x)
+    return logits_partial(cfg, shard, h[:, -1]) if last else h
+
+
+def _time(fn, reps: int, timed: int, cuda: bool) -> float:  # noqa: ANN001
+    """Median milliseconds per call over `timed` rounds of `reps` calls."""
+    rounds = []
+    for _ in range(timed):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            rounds.append(a.elapsed_time(b) / reps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            rounds.append((time.perf_counter() - t0) * 1e3 / reps)
+    return statistics.median(rounds)
+
+
+def as_graph(fn):  # noqa: ANN001, ANN201
+    """fn captured as one CUDA graph (static inputs: fn closes over them); returns the replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def time_rank(cfg, shard: RankShard, batch: int, context: int, layers: range, first: bool, last: bool,  # noqa: ANN001
+              args, cuda: bool) -> tuple[float, float | None]:
+    dev = shard.embed.device
+    cos, sin = rope_cache(cfg, context + 1, dev)
+    cache = new_rank_cache(cfg, shard, batch, context + 1, layers)
+    for t in cache.k + cache.v:
+        if t is not None:
+            t.normal_()
+    ids = torch.randint(0, cfg.vocab_size, (batch, 1), device=dev)
+    h = None if first else torch.randn(batch, 1, cfg.hidden_size, device=dev, dtype=shard.embed.dtype)
+    step = lambda: rank_step(cfg, shard, ids, cache, context, cos, sin, layers, first, last, h)  # noqa: E731
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            step()
+        eager = _time(step, args.reps, args.timed, cuda)
+        graph = _time(as_graph(step), args.reps * 10, args.timed, True) if cuda else None
+    return eager, graph
+
+
+def rank_config(cfg: ModelConfig, tp: int, layers: int | None = None) -> ModelConfig:
+    """The shapes one tensor-parallel rank computes (its heads, channels and vocabulary slice; the hidden size and
+    the norms whole), or a pipeline stage's (`layers` of them): a smaller model of the same family, which the
+    engine runs with its own fused kernels."""
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp, num_kv_heads=cfg.num_kv_heads // tp,
+                               intermediate_size=cfg.intermediate_size // tp, vocab_size=cfg.vocab_size // tp,
+                               num_layers=layers or cfg.num_layers, name=f"{cfg.name} rank of tp {tp}")
+
+
+def engine_step_ms(cfg: ModelConfig, tokenizer, batch: int, context: int, warmup: int, timed: int,  # noqa: ANN001
+                   device: str = "cuda") -> float:
+    """Median wall time of the engine's full-batch decode steps (Triton kernels, CUDA graphs) on random weights of
+    `cfg`'s shapes, every row `context` tokens in."""
+    w = LoadedWeights(cfg, random_state_dict(cfg, 0), "random", tokenizer)
+    cuda = device == "cuda"
+    e = LLMEngine(engine_config(device, "bfloat16" if cuda else "float32", batch, context + warmup + timed + 2,
+                                cuda_graphs=cuda), w)
+    prompt = torch.randint(3, cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    p = SamplingParams(temperature=0.0, max_tokens=warmup + timed + 1, ignore_eos=True)
+    for _ in range(batch):
+        e.add_request(list(prompt), p)
+    walls, done = [], 0
+    while e.has_work():
+        rec = e.step()
+        if rec.num_prefill_tokens or rec.num_decode_tokens != batch:
+            continue
+        if done >= warmup:
+            walls.append(rec.wall_seconds * 1e3)
+        done += 1
+    return statistics.median(walls)
+
+
+def all_reduce_worker(rank: int, world: int, batches: list[int], reps: int, queue) -> None:  # noqa: ANN001
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    rows = []
+    for ranks in range(2, world + 1):
+        group = dist.new_group(list(range(ranks)))
+        for b in batches:
+            x = torch.randn(b, 576, device="cuda", dtype=torch.bfloat16)
+            if rank < ranks:
+                for _ in range(20):
+                    dist.all_reduce(x, group=group)
+                torch.cuda.synchronize()
+                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(reps):
+                    dist.all_reduce(x, group=group)
+                e.record()
+                torch.cuda.synchronize()
+                if rank == 0:
+                    rows.append({"ranks": ranks, "bytes": x.numel() * 2, "us": a.elapsed_time(e) * 1e3 / reps})
+            dist.barrier()
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def measure_all_reduce(batches: list[int], reps: int) -> list[dict]:
+    world = torch.cuda.device_count()
+    if world < 2:
+        return []
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    mp.spawn(all_reduce_worker, args=(world, batches, reps, q), nprocs=world, join=True)
+    return q.get()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--weights", default=None, choices=("real", "random"), help="default: real on CPU, random on GPU")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--tp", default="1,3")
+    ap.add_argument("--pp", default="2,3")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--timed", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    mode = args.weights or ("random" if cuda else "real")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    w = load_weights(mode)
+    cfg, batches = w.config, [int(b) for b in args.batches.split(",")]
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"{name}, {mode} weights, {dtype}, context {args.context}")
+    tp_rows, pp_rows = [], []
+    print(f"{'':>10} {'batch':>6} {'eager ms':>9} {'graph ms':>9}")
+    for tp in [int(t) for t in args.tp.split(",")]:
+        shard = shard_weights(cfg, w.state_dict, tp, args.device, dtype)[0]  # every rank has the same shapes
+        for b in batches:
+            eager, graph = time_rank(cfg, shard, b, args.context, range(cfg.num_layers), True, True, args, cuda)
+            tp_rows.append({"tp": tp, "rank": 0, "batch": b, "eager_ms": eager, "graph_ms": graph})
+            print(f"{'tp ' + str(tp):>10} {b:>6} {eager:9.3f} {graph if graph is not None else float('nan'):9.3f}")
+        del shard
+    full = shard_weights(cfg, w.state_dict, 1, args.device, dtype)[0]
+    for pp in [int(p) for p in args.pp.split(",")]:
+        for s, layers in enumerate(stage_layers(cfg.num_layers, pp)):
+            for b in batches:
+                eager, graph = time_rank(cfg, full, b, args.context, layers, s == 0, s == pp - 1, args, cuda)
+                pp_rows.append({"pp": pp, "stage": s, "first_layer": layers.start, "last_layer": layers.stop - 1,
+                                "batch": b, "eager_ms": eager, "graph_ms": graph})
+                print(f"{f'pp {pp} s{s}':>10} {b:>6} {eager:9.3f} {graph if graph is not None else float('nan'):9.3f}")
+    engine_rows = []
+    if cuda:  # the same shapes through the engine's own decode step: fused Triton kernels in CUDA graphs
+        shapes = [("tp", t, rank_config(cfg, t)) for t in [int(t) for t in args.tp.split(",")]]
+        shapes += [("pp", p, rank_config(cfg, 1, len(stage_layers(cfg.num_layers, p)[0]))) for p in
+                   [int(p) for p in args.pp.split(",")]]
+        for kind, degree, rc in shapes:
+            for b in batches:
+                ms = engine_step_ms(rc, w.tokenizer, b, args.context, 3, 10)
+                engine_rows.append({"kind": kind, "degree": degree, "layers": rc.num_layers, "batch": b, "step_ms": ms})
+                print(f"{f'engine {kind} {degree}':>10} {b:>6} {'':>9} {ms:9.3f}")
+    ar = measure_all_reduce(batches, 200) if cuda else []
+    for r in ar:
+        print(f"all-reduce over {r['ranks']} GPUs, {r['bytes']} B: {r['us']:.1f} us")
+    data = {"device": name, "torch": torch.__version__, "gpus": torch.cuda.device_count() if cuda else 0,
+            "weights": mode, "dtype": str(dtype).removeprefix("torch."), "context": args.context,
+            "tp_decode": tp_rows, "pp_stage": pp_rows, "engine_rank": engine_rows, "all_reduce": ar,
+            "command": "python3 " + " ".join(sys.argv)}
+    tag = "h200" if cuda and "H200" in name else args.device
+    out = args.out or str(ROOT / "bench" / "results" / f"parallel_{tag}.json")
+    write_results_and_out(out, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""One run for the parallelism page: the prompt answered on one rank and on `tp` ranks (same tokens, a third
+of the weights and cache each, 62 collectives a step), and a few requests through a `pp`-stage pipeline."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+from engine.parallel.generate import Generation, generate
+from engine.parallel.pipeline import Placed, PipelineRun, PipelineSummary, run_pipeline, schedule, summarize
+from engine.parallel.plan import check_degrees
+from engine.parallel.tensor_parallel import TensorParallelModel
+from engine.weights import LoadedWeights
+
+MAX_PROMPT_CHARS = 2000
+MAX_NEW_TOKENS = 96
+MAX_MICRO_BATCHES = 8
+MAX_PIPELINE_TOKENS = 32
+MAX_LEN = 1024
+# The other requests of the pipeline run (the first is the user's prompt).
+PIPELINE_PROMPTS = (
+    "Name three uses of a paper clip.",
+    "What is the capital of Portugal?",
+    "Write one sentence about autumn.",
+    "Why do cats purr?",
+    "Give me a tip for learning to cook.",
+    "What does a compiler do?",
+    "Describe the moon in five words.",
+)
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelSettings:
+    prompt: str = "Explain in two sentences why the sky is blue."
+    max_new_tokens: int = 32
+    tp: int = 3
+    pp: int = 3
+    micro_batches: int = 4  # requests in the pipeline at once
+    pipeline_tokens: int = 12  # tokens each pipeline request generates
+
+    def check(self, cfg: ModelConfig) -> None:
+        """ValueError with a message the page shows as is."""
+        if not self.prompt.strip():
+            raise ValueError("the prompt is empty: type something for the model to answer")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} here")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"tokens to generate must be 1 to {MAX_NEW_TOKENS}")
+        if not 1 <= self.micro_batches <= MAX_MICRO_BATCHES:
+            raise ValueError(f"requests in the pipeline must be 1 to {MAX_MICRO_BATCHES}")
+        if not 1 <= self.pipeline_tokens <= MAX_PIPELINE_TOKENS:
+            raise ValueError(f"tokens per pipeline request must be 1 to {MAX_PIPELINE_TOKENS}")
+        check_degrees(cfg, self.tp, self.pp)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelResult:
+    settings: ParallelSettings
+    prompt_tokens: int
+    single: Generation  # tp = 1
+    sharded: Generation  # tp = settings.tp
+    single_text: str
+    sharded_text: str
+    pipeline: PipelineRun
+    pipeline_prompts: tuple[str, ...]
+    pipeline_texts: tuple[str, ...]
+
+    @property
+    def same_tokens(self) -> bool:
+        return self.single.tokens == self.sharded.tokens
+
+    def placed(self, hop_seconds: float = 0.0) -> list[Placed]:
+        return schedule(self.pipeline, hop_seconds)
+
+    def pipeline_summary(self, hop_seconds: float = 0.0) -> PipelineSummary:
+        return summarize(self.pipeline, self.placed(hop_seconds))
+
+
+def _chat(weights: LoadedWeights, prompt: str) -> list[int]:
+    return weights.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+
+
+def run_parallel_lab(weights: LoadedWeights, settings: ParallelSettings, progress: Progress | None = None) -> ParallelResult:
+    cfg, tok = weights.config, weights.tokenizer
+    settings.check(cfg)
+    say = progress or (lambda _msg, _frac: None)
+    ids = _chat(weights, settings.prompt)
+    if len(ids) + max(settings.max_new_tokens, settings.pipeline_tokens) > MAX_LEN:
+        raise ValueError(f"the prompt is {len(ids)} tokens; with the tokens to generate it must fit in {MAX_LEN}")
+    stop = cfg.eos_token_ids
+    say("one rank: the whole model", 0.05)
+    one_rank = TensorParallelModel(cfg, weights.state_dict, 1, MAX_LEN)
+    # A first pass pays one-off costs (the CPU's matmul kernels picked and warmed for these shapes) that would
+    # otherwise land on the one-rank prefill and flatter tensor parallelism; run one untimed.
+    generate(one_rank, [ids], 1)
+    single = generate(one_rank, [ids], settings.max_new_tokens, stop)
+    say(f"{settings.tp} ranks: the model sharded", 0.35)
+    sharded = generate(TensorParallelModel(cfg, weights.state_dict, settings.tp, MAX_LEN), [ids],
+                       settings.max_new_tokens, stop)
+    say(f"{settings.micro_batches} requests through {settings.pp} pipeline stages", 0.65)
+    prompts = (settings.prompt,) + PIPELINE_PROMPTS[:settings.micro_batches - 1]
+    run = run_pipeline(TensorParallelModel(cfg, weights.state_dict, 1, MAX_LEN), [_chat(weights, p) for p in prompts],
+                       settings.pipeline_tokens, settings.pp, stop)
+    say("done", 1.0)
+    text = lambda g: tok.decode(g.tokens[0], skip_special_tokens=True)  # noqa: E731
+    return ParallelResult(settings, len(ids), single, sharded, text(single), text(sharded), run, prompts,
+                          tuple(tok.decode(t, skip_special_tokens=True) for t in run.tokens))

@@ -17,7 +17,10 @@ as CUDA graphs, what this project serves with.
 
 With two or more GPUs it also spawns one process per GPU and times NCCL all-reduces of one decode step's
 hidden state (576 x B bf16) over 2 .. n GPUs: the 61 collectives per step a tensor-parallel rank waits for. The
-machines lent so far have one GPU, so that part has not run yet; `all_reduce` stays empty then.
+machines lent so far have one GPU, so that part has not run yet; `all_reduce` stays empty then. On the CPU
+(`--processes N`, default 3) the same all-reduces run between N processes over gloo (fp32), and the real model
+runs tensor-parallel over real processes (engine/parallel/distributed.py), one rank each: the same tokens as the
+ranks taking turns in one process, and each decode step's compute and wire as rank 0 saw them (`distributed`).
 
 Prints a table and writes JSON to --out (default bench/results/parallel_<cpu|h200>.json, and $OUT/ when set).
 """
@@ -38,8 +41,11 @@ import torch  # noqa: E402
 
 from bench.results_io import write_results_and_out  # noqa: E402
 from engine.model import rope_cache  # noqa: E402
+from engine.parallel.distributed import free_port, run_distributed  # noqa: E402
+from engine.parallel.generate import generate  # noqa: E402
+from engine.parallel.lab import ParallelSettings  # noqa: E402
 from engine.parallel.plan import stage_layers  # noqa: E402
-from engine.parallel.tensor_parallel import (RankShard, attention_partial, embed_partial, logits_partial,  # noqa: E402
+from engine.parallel.tensor_parallel import (RankShard, TensorParallelModel, attention_partial, embed_partial, logits_partial,  # noqa: E402
                                              mlp_partial, new_rank_cache, rmsnorm, shard_weights)
 from engine.config import ModelConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -48,6 +54,7 @@ from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import LoadedWeights, load_weights, random_state_dict  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
+PROMPT = ParallelSettings().prompt  # the page's default
 
 
 def rank_step(cfg, shard: RankShard, ids: torch.Tensor, cache, start: int, cos, sin, layers: range,  # noqa: ANN001
@@ -150,44 +157,64 @@ def engine_step_ms(cfg: ModelConfig, tokenizer, batch: int, context: int, warmup
     return statistics.median(walls)
 
 
-def all_reduce_worker(rank: int, world: int, batches: list[int], reps: int, queue) -> None:  # noqa: ANN001
+def all_reduce_worker(rank: int, world: int, backend: str, port: int, batches: list[int], reps: int,
+                      queue) -> None:  # noqa: ANN001
+    """One process of `world`: all-reduces of [B, 576] over the first 2 .. world ranks, rank 0 reporting the mean
+    time of `reps` back-to-back calls. NCCL: one GPU per process, bf16, CUDA events. gloo: CPU processes, fp32 (the
+    CPU path's dtype), wall clock (a gloo call returns when it is done)."""
     import torch.distributed as dist
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    cuda = backend == "nccl"
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     rows = []
     for ranks in range(2, world + 1):
         group = dist.new_group(list(range(ranks)))
         for b in batches:
-            x = torch.randn(b, 576, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(b, 576, device=dev, dtype=dtype)
             if rank < ranks:
                 for _ in range(20):
                     dist.all_reduce(x, group=group)
-                torch.cuda.synchronize()
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(reps):
-                    dist.all_reduce(x, group=group)
-                e.record()
-                torch.cuda.synchronize()
+                us = _time(lambda: dist.all_reduce(x, group=group), reps, 3, cuda) * 1e3  # noqa: B023
                 if rank == 0:
-                    rows.append({"ranks": ranks, "bytes": x.numel() * 2, "us": a.elapsed_time(e) * 1e3 / reps})
+                    rows.append({"backend": backend, "ranks": ranks, "bytes": x.numel() * x.element_size(),
+                                 "dtype": str(dtype).removeprefix("torch."), "us": us})
             dist.barrier()
     if rank == 0:
         queue.put(rows)
     dist.destroy_process_group()
 
 
-def measure_all_reduce(batches: list[int], reps: int) -> list[dict]:
-    world = torch.cuda.device_count()
+def measure_all_reduce(backend: str, world: int, batches: list[int], reps: int) -> list[dict]:
     if world < 2:
         return []
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    mp.spawn(all_reduce_worker, args=(world, batches, reps, q), nprocs=world, join=True)
+    q = ctx.SimpleQueue()
+    mp.start_processes(all_reduce_worker, args=(world, backend, free_port(), batches, reps, q), nprocs=world,
+                       join=True, start_method="spawn")
     return q.get()
+
+
+def distributed_run(mode: str, tp: int, w, tokens: int) -> dict:  # noqa: ANN001 (LoadedWeights)
+    """The real model over `tp` CPU processes (gloo), one rank each, against the ranks taking turns in one process:
+    the same greedy tokens? And per decode step, rank 0's compute and its time in the 62 collectives."""
+    prompt = w.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+    run = run_distributed(mode, tp, prompt, tokens, w.config.eos_token_ids, "gloo", len(prompt) + tokens + 1)
+    here = generate(TensorParallelModel(w.config, w.state_dict, tp, len(prompt) + tokens + 1), [prompt], tokens,
+                    w.config.eos_token_ids)
+    decode = slice(1, None)
+    return {"tp": tp, "backend": "gloo", "prompt_tokens": len(prompt), "tokens": len(run.tokens),
+            "same_tokens_as_one_process": run.tokens == here.tokens[0],
+            "setup_s": run.setup_seconds, "collectives_per_step": run.collectives_per_step,
+            "decode_compute_ms": statistics.median(run.compute_seconds[decode]) * 1e3,
+            "decode_wire_ms": statistics.median(run.wire_seconds[decode]) * 1e3,
+            "prefill_compute_ms": run.compute_seconds[0] * 1e3, "prefill_wire_ms": run.wire_seconds[0] * 1e3,
+            "one_process_critical_ms": statistics.median(s.critical_seconds for s in here.steps[decode]) * 1e3}
 
 
 def main() -> None:
@@ -201,6 +228,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--timed", type=int, default=5)
+    ap.add_argument("--processes", type=int, default=3,
+                    help="CPU: also time gloo all-reduces over 2 .. this many processes and run each TP degree <= it "
+                         "over real processes (0: neither)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -237,12 +267,25 @@ def main() -> None:
                 ms = engine_step_ms(rc, w.tokenizer, b, args.context, 3, 10)
                 engine_rows.append({"kind": kind, "degree": degree, "layers": rc.num_layers, "batch": b, "step_ms": ms})
                 print(f"{f'engine {kind} {degree}':>10} {b:>6} {'':>9} {ms:9.3f}")
-    ar = measure_all_reduce(batches, 200) if cuda else []
+    if cuda:
+        ar = measure_all_reduce("nccl", torch.cuda.device_count(), batches, 200)
+    else:
+        ar = measure_all_reduce("gloo", args.processes, batches, 200) if args.processes > 1 else []
     for r in ar:
-        print(f"all-reduce over {r['ranks']} GPUs, {r['bytes']} B: {r['us']:.1f} us")
+        print(f"all-reduce ({r['backend']}) over {r['ranks']} ranks, {r['bytes']} B: {r['us']:.1f} us")
+    dist_rows = []
+    if not cuda and args.processes > 1:
+        for tp in [t for t in (int(t) for t in args.tp.split(",")) if 1 < t <= args.processes]:
+            row = distributed_run(mode, tp, w, 16)
+            dist_rows.append(row)
+            print(f"tp {tp} over {tp} processes (gloo): same tokens as one process {row['same_tokens_as_one_process']}; "
+                  f"decode step compute {row['decode_compute_ms']:.1f} ms + collectives {row['decode_wire_ms']:.1f} ms "
+                  f"({row['collectives_per_step']} a step); in one process, slowest rank per segment "
+                  f"{row['one_process_critical_ms']:.1f} ms")
     data = {"device": name, "torch": torch.__version__, "gpus": torch.cuda.device_count() if cuda else 0,
             "weights": mode, "dtype": str(dtype).removeprefix("torch."), "context": args.context,
             "tp_decode": tp_rows, "pp_stage": pp_rows, "engine_rank": engine_rows, "all_reduce": ar,
+            "distributed": dist_rows, "cpu_cores": os.cpu_count(),
             "command": "python3 " + " ".join(sys.argv)}
     tag = "h200" if cuda and "H200" in name else args.device
     out = args.out or str(ROOT / "bench" / "results" / f"parallel_{tag}.json")

@@ -197,3 +197,16 @@ def test_expert_arithmetic() -> None:
     assert 1 < even.ratio < 1.5
     assert routing_imbalance(4096, 256, 8, 8).ratio < even.ratio  # more tokens average out
     assert routing_imbalance(64, 256, 8, 8, skew=1.0).ratio > 2 * even.ratio
+
+
+def test_two_processes_over_gloo_write_the_in_process_tokens(tiny_weights) -> None:  # noqa: ANN001
+    """Real processes, one rank each, the all-reduces through torch.distributed (gloo): the tokens of the ranks
+    taking turns in one process, and every collective of a step timed on the wire."""
+    from engine.parallel.distributed import run_distributed
+    w = tiny_weights
+    prompt = [5, 6, 7, 8]
+    here = generate(TensorParallelModel(w.config, w.state_dict, 2, 64), [prompt], 8).tokens[0]
+    run = run_distributed((w.config, w.state_dict), 2, prompt, 8, max_len=64)
+    assert run.tokens == here and len(run.wire_seconds) == len(run.tokens)
+    assert run.collectives_per_step == 2 * w.config.num_layers + 2
+    assert all(s > 0 for s in run.wire_seconds) and all(s > 0 for s in run.compute_seconds)

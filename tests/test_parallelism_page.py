@@ -20,7 +20,7 @@ from engine.weights import default_config
 import app.sections.parallelism as section
 from app.analysis.parallelism import (allowed_degrees, break_even_latency_us, collective_counts, collective_frame,
                                       degree_frame, ep_fits, ep_frame, h200_stage_ms, imbalance_curve,
-                                      lm_head_layers, load_h200, memory_frame, pass_times, replicated_bytes,
+                                      lm_head_layers, load_h200, load_process_run, memory_frame, pass_times, replicated_bytes,
                                       result_json, split_rows, stage_frame, token_latency, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, split_figure)
@@ -132,6 +132,23 @@ def test_h200_file_and_the_assumed_wire(tmp_path: Path) -> None:
     assert "assumed" in fig.data[-1].name and list(fig.data[-1].base) == list(proj["rank_ms"])
 
 
+def test_the_process_run_from_the_cpu_bench(tmp_path: Path) -> None:
+    """The CPU bench's run over real processes (bench/parallel.py writes `distributed` and gloo `all_reduce` rows)."""
+    assert load_process_run(tmp_path / "missing.json") is None
+    (tmp_path / "none.json").write_text(json.dumps({"distributed": []}))
+    assert load_process_run(tmp_path / "none.json") is None
+    data = {"cpu_cores": 2, "distributed": [{"tp": 3, "same_tokens_as_one_process": True, "decode_compute_ms": 21.0,
+                                             "decode_wire_ms": 190.0, "collectives_per_step": 62,
+                                             "one_process_critical_ms": 13.0}],
+            "all_reduce": [{"backend": "gloo", "ranks": 2, "bytes": 36864, "us": 600.0},
+                           {"backend": "gloo", "ranks": 2, "bytes": 2304, "us": 500.0},
+                           {"backend": "gloo", "ranks": 3, "bytes": 2304, "us": 2000.0}]}
+    (tmp_path / "cpu.json").write_text(json.dumps(data))
+    run = load_process_run(tmp_path / "cpu.json")
+    assert run is not None and run.same_tokens and run.tp == 3 and run.cores == 2
+    assert run.all_reduce_us == {2: 500.0, 3: 2000.0}  # the smallest message per group size
+
+
 def test_expert_arithmetic() -> None:
     frame = ep_frame()
     mixtral, deepseek = MOE_MODELS[0], MOE_MODELS[-1]
@@ -153,6 +170,7 @@ def test_expert_arithmetic() -> None:
 def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
     monkeypatch.setattr(section, "H200_FILE", tmp_path / "none.json")
+    monkeypatch.setattr(section, "CPU_FILE", tmp_path / "none.json")
     random_app.session_state[f"{PREFIX}-settings"] = section.PageSettings(SMALL)
     at = open_page(random_app, PAGE)
     assert_clean(at)

@@ -22,6 +22,8 @@ from engine.parallel.plan import tp_options
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_BENCH = ROOT / "bench" / "results" / "parallel_h200.json"
+CPU_BENCH = ROOT / "bench" / "results" / "parallel_cpu.json"
+CPU_BENCH_COMMAND = "OMP_NUM_THREADS=2 PYTHONPATH=. python3 bench/parallel.py --batches 1,16,64"
 BENCH_COMMAND = "python3 bench/parallel.py --device cuda"
 EP_GPUS = (8, 16, 32)
 ROUTING_TOKENS = (16, 32, 64, 128, 256, 512, 1024)
@@ -200,6 +202,37 @@ def tp_projection(bench: H200Bench, tp: int, all_reduces: int, gathers: int, lat
     return pd.DataFrame([{"batch": b, "tp1_ms": float(one[b]), "rank_ms": float(rank[b]), "wire_ms": wire_ms,
                           "projected_ms": float(rank[b]) + wire_ms} for b in batches],
                         columns=["batch", "tp1_ms", "rank_ms", "wire_ms", "projected_ms"])
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRun:
+    """bench/parallel.py on the CPU: the real model tensor-parallel over real processes (gloo), one rank each."""
+
+    tp: int
+    same_tokens: bool  # as the ranks taking turns in one process
+    decode_compute_ms: float  # rank 0, median decode step
+    decode_wire_ms: float  # rank 0's time in the step's collectives, waiting for the others included
+    collectives: int
+    one_process_critical_ms: float  # the same step in one process: per segment the slowest rank, summed
+    all_reduce_us: dict[int, float]  # ranks -> gloo all-reduce of one token's hidden state (fp32), microseconds
+    cores: int | None  # the machine's CPU cores when benched (None: not recorded)
+
+
+def load_process_run(path: Path = CPU_BENCH) -> ProcessRun | None:
+    """The first `distributed` row of the CPU bench and its smallest gloo all-reduces, or None."""
+    try:
+        data = json.loads(Path(path).read_text())
+        row = data["distributed"][0]
+        small = {}
+        for r in data.get("all_reduce", []):
+            if r.get("backend") == "gloo" and (int(r["ranks"]) not in small or int(r["bytes"]) < small[int(r["ranks"])][0]):
+                small[int(r["ranks"])] = (int(r["bytes"]), float(r["us"]))
+        return ProcessRun(int(row["tp"]), bool(row["same_tokens_as_one_process"]), float(row["decode_compute_ms"]),
+                          float(row["decode_wire_ms"]), int(row["collectives_per_step"]),
+                          float(row["one_process_critical_ms"]), {k: v[1] for k, v in sorted(small.items())},
+                          data.get("cpu_cores"))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 def engine_tp_ms(bench: H200Bench, tp: int) -> dict[int, tuple[float, float]]:

@@ -12,7 +12,7 @@ from engine.parallel.lab import (MAX_MICRO_BATCHES, MAX_NEW_TOKENS, MAX_PIPELINE
                                  ParallelResult, ParallelSettings, run_parallel_lab)
 from engine.parallel.plan import MAX_PP, MAX_TP
 
-from app.analysis.parallelism import (BENCH_COMMAND, EP_GPUS, H200_BENCH, ROUTING_DRAWS, ROUTING_TOKENS, allowed_degrees,
+from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, load_process_run, EP_GPUS, H200_BENCH, ROUTING_DRAWS, ROUTING_TOKENS, allowed_degrees,
                                       break_even_latency_us, collective_counts, collective_frame, degree_frame, engine_tp_ms,
                                       h200_stage_ms,
                                       ep_fits, ep_frame, imbalance_curve, lm_head_layers, load_h200, memory_frame,
@@ -29,6 +29,7 @@ from app.widgets.explain import explanation
 
 
 H200_FILE = H200_BENCH  # bench/parallel.py's output (a module attribute, so tests can point it elsewhere)
+CPU_FILE = CPU_BENCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +203,32 @@ def tp_timing_section(result: ParallelResult, page: str) -> None:
         "At TP = 1 there is one rank: choose 3 in the form to split the model.")
 
 
+def processes_section() -> None:
+    """The one wire measured here: the same model over real CPU processes (bench/parallel.py)."""
+    run = load_process_run(CPU_FILE)
+    if run is None:
+        st.caption(f"`{CPU_BENCH_COMMAND}` also runs the model over real processes here, one rank each, through "
+                   "torch.distributed; its results are not in this checkout.")
+        return
+    ar = ", ".join(f"{us / 1e3:.1f} ms over {n} processes" for n, us in run.all_reduce_us.items())
+    cores = f"{run.cores} cores" if run.cores else "this machine's cores"
+    st.markdown(
+        f"**A real wire, on this machine.** The bench ran the model at TP = {run.tp} as {run.tp} separate processes, "
+        f"one rank each, with torch.distributed's CPU backend (gloo) carrying the collectives. "
+        f"{'**The same tokens**' if run.same_tokens else '**Different tokens**'} as the ranks taking turns in one "
+        f"process. A decode step took rank 0 **{run.decode_compute_ms:.1f} ms of compute** (in one process the "
+        f"slowest rank per segment summed to {run.one_process_critical_ms:.1f} ms) and "
+        f"**{run.decode_wire_ms:.1f} ms in its {run.collectives} collectives**. One all-reduce of one token's hidden "
+        f"state took {ar}.")
+    st.caption(f"Processes on a shared CPU ({cores}; {run.tp} processes on fewer cores wait for one another) and "
+               "loopback sockets are a slow wire; NVLink between GPUs is built for this and far faster (not measured "
+               "here). The lesson carries over: the per-step collectives cost latency, whatever the batch, and the "
+               f"slowest rank sets each one's pace. `{CPU_BENCH_COMMAND}` measures it.")
+
+
 def wire_section(result: ParallelResult, page: str) -> None:
     st.subheader("The wire: what the collectives cost on a GPU")
+    processes_section()
     bench = load_h200(H200_FILE)
     counts = collective_counts(result.sharded)
     reduces, gathers = counts.get("all_reduce", 0), counts.get("all_gather", 0)

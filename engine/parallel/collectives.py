@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -31,6 +32,21 @@ class CollectiveCall:
     site: str  # where in the model: "embed", "attn.3", "mlp.3", "logits"
     payload_bytes: int  # the tensor each rank ends up with, at SERVING_BYTES per element
     sent_bytes_per_rank: float
+    seconds: float = 0.0  # measured on a real wire (distributed.py); 0 in one process, where nothing is sent
+
+
+class Group(Protocol):
+    """What the tensor-parallel model needs of its group: the partials of the ranks held here (all of them in one
+    process, one in a distributed group) in, the whole result out; every call recorded since `reset`."""
+
+    size: int
+    calls: list[CollectiveCall]
+
+    def reset(self) -> None: ...
+
+    def all_reduce(self, parts: list[torch.Tensor], site: str) -> torch.Tensor: ...
+
+    def all_gather(self, parts: list[torch.Tensor], site: str) -> torch.Tensor: ...
 
 
 class InProcessGroup:

@@ -16,6 +16,7 @@ class StepCost:
     critical_seconds: float  # per segment the slowest rank, summed: the pass on tp GPUs, wire excluded
     collectives: int
     sent_bytes_per_rank: float  # at bf16, ring formulas
+    wire_seconds: float = 0.0  # the collectives' measured time: over real processes only (distributed.py)
 
     @property
     def serial_seconds(self) -> float:
@@ -35,10 +36,10 @@ class Generation:
 
 def _cost(model: TensorParallelModel, step: int, tokens: int) -> StepCost:
     segs = model.trace.segments
-    ranks = tuple(sum(s.rank_seconds[r] for s in segs) for r in range(model.tp))
+    ranks = tuple(sum(s.rank_seconds[r] for s in segs) for r in range(len(model.shards)))  # the ranks held here
     calls = model.group.calls
     return StepCost(step, tokens, ranks, sum(max(s.rank_seconds) for s in segs), len(calls),
-                    sum(c.sent_bytes_per_rank for c in calls))
+                    sum(c.sent_bytes_per_rank for c in calls), sum(c.seconds for c in calls))
 
 
 def generate(model: TensorParallelModel, prompts: list[list[int]], max_new_tokens: int,

@@ -18,7 +18,7 @@ runs the ranks in turn in this process (`TensorParallelModel`) or one per proces
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.model import apply_rope, rope_cache
-from engine.parallel.collectives import InProcessGroup
+from engine.parallel.collectives import Group, InProcessGroup
 from engine.parallel.plan import check_degrees
 from kernels.rmsnorm_ref import rmsnorm_ref
 
@@ -55,13 +55,14 @@ def _split(n: int, tp: int, rank: int) -> range:
 
 
 def shard_weights(cfg: ModelConfig, sd: dict[str, torch.Tensor], tp: int, device: str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> list[RankShard]:
-    """One shard per rank (copies: each rank's tensors are its own, as on separate GPUs)."""
+                  dtype: torch.dtype = torch.float32, ranks: Iterable[int] | None = None) -> list[RankShard]:
+    """One shard per rank of `ranks` (default all; a process of a distributed group builds only its own).
+    Copies: each rank's tensors are its own, as on separate GPUs."""
     check_degrees(cfg, tp, 1)
     d = cfg.head_dim
     cast = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
     shards = []
-    for r in range(tp):
+    for r in (range(tp) if ranks is None else ranks):
         heads, kv, ch = _split(cfg.num_heads, tp, r), _split(cfg.num_kv_heads, tp, r), _split(cfg.intermediate_size, tp, r)
         qrows, kvrows = slice(heads.start * d, heads.stop * d), slice(kv.start * d, kv.stop * d)
         cols = slice(ch.start, ch.stop)
@@ -169,10 +170,14 @@ class TensorParallelModel:
     time plus the collective that ends it (`critical_seconds`); here they add up.
     """
 
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], tp: int, max_len: int) -> None:
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], tp: int, max_len: int,
+                 group: Group | None = None, ranks: Iterable[int] | None = None) -> None:
+        """`group` and `ranks`: by default all `tp` ranks here and an in-process group summing their partials; a
+        process of a distributed group passes its own rank and a `DistributedGroup` (engine/parallel/distributed.py)."""
         self.cfg, self.tp, self.max_len = cfg, tp, max_len
-        self.shards = shard_weights(cfg, sd, tp)
-        self.group = InProcessGroup(tp)
+        self.ranks = tuple(range(tp) if ranks is None else ranks)
+        self.shards = shard_weights(cfg, sd, tp, ranks=self.ranks)  # aligned with self.ranks
+        self.group = group or InProcessGroup(tp)
         self.cos, self.sin = rope_cache(cfg, max_len, torch.device("cpu"))
         self.trace = Trace()
 
@@ -180,8 +185,9 @@ class TensorParallelModel:
         return [new_rank_cache(self.cfg, s, batch, self.max_len, layers) for s in self.shards]
 
     def _ranks(self, site: str, fn: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+        """fn(i) for each rank held here (i indexes self.shards and the caches), each timed."""
         outs, secs = [], []
-        for r in range(self.tp):
+        for r in range(len(self.shards)):
             t0 = time.perf_counter()
             outs.append(fn(r))
             secs.append(time.perf_counter() - t0)

@@ -200,15 +200,20 @@ def measure_all_reduce(backend: str, world: int, batches: list[int], reps: int) 
     return q.get()
 
 
-def distributed_run(mode: str, tp: int, w, tokens: int) -> dict:  # noqa: ANN001 (LoadedWeights)
-    """The real model over `tp` CPU processes (gloo), one rank each, against the ranks taking turns in one process:
-    the same greedy tokens? And per decode step, rank 0's compute and its time in the 62 collectives."""
+def distributed_run(mode: str, tp: int, w, tokens: int, backend: str = "gloo") -> dict:  # noqa: ANN001 (LoadedWeights)
+    """The model over `tp` processes, one rank each (gloo: CPU processes, fp32; nccl: one GPU each, bf16), against
+    the ranks taking turns in one process (on GPU 0 for nccl): the same greedy tokens? (In bf16 a different order
+    of the partial sums may flip a near tie.) And per decode step, rank 0's compute and its time in the 62
+    collectives."""
     prompt = w.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
-    run = run_distributed(mode, tp, prompt, tokens, w.config.eos_token_ids, "gloo", len(prompt) + tokens + 1)
-    here = generate(TensorParallelModel(w.config, w.state_dict, tp, len(prompt) + tokens + 1), [prompt], tokens,
+    run = run_distributed(mode, tp, prompt, tokens, w.config.eos_token_ids, backend, len(prompt) + tokens + 1)
+    gpu = backend == "nccl"
+    here = generate(TensorParallelModel(w.config, w.state_dict, tp, len(prompt) + tokens + 1,
+                                        device="cuda" if gpu else "cpu",
+                                        dtype=torch.bfloat16 if gpu else torch.float32), [prompt], tokens,
                     w.config.eos_token_ids)
     decode = slice(1, None)
-    return {"tp": tp, "backend": "gloo", "prompt_tokens": len(prompt), "tokens": len(run.tokens),
+    return {"tp": tp, "backend": backend, "prompt_tokens": len(prompt), "tokens": len(run.tokens),
             "same_tokens_as_one_process": run.tokens == here.tokens[0],
             "setup_s": run.setup_seconds, "collectives_per_step": run.collectives_per_step,
             "decode_compute_ms": statistics.median(run.compute_seconds[decode]) * 1e3,
@@ -274,11 +279,12 @@ def main() -> None:
     for r in ar:
         print(f"all-reduce ({r['backend']}) over {r['ranks']} ranks, {r['bytes']} B: {r['us']:.1f} us")
     dist_rows = []
-    if not cuda and args.processes > 1:
-        for tp in [t for t in (int(t) for t in args.tp.split(",")) if 1 < t <= args.processes]:
-            row = distributed_run(mode, tp, w, 16)
+    procs = torch.cuda.device_count() if cuda else args.processes
+    if procs > 1:  # several GPUs (nccl; not run yet: one-GPU machines only) or CPU processes (gloo)
+        for tp in [t for t in (int(t) for t in args.tp.split(",")) if 1 < t <= procs]:
+            row = distributed_run(mode, tp, w, 16, "nccl" if cuda else "gloo")
             dist_rows.append(row)
-            print(f"tp {tp} over {tp} processes (gloo): same tokens as one process {row['same_tokens_as_one_process']}; "
+            print(f"tp {tp} over {tp} processes ({row['backend']}): same tokens as one process {row['same_tokens_as_one_process']}; "
                   f"decode step compute {row['decode_compute_ms']:.1f} ms + collectives {row['decode_wire_ms']:.1f} ms "
                   f"({row['collectives_per_step']} a step); in one process, slowest rank per segment "
                   f"{row['one_process_critical_ms']:.1f} ms")

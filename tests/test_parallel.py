@@ -210,3 +210,22 @@ def test_two_processes_over_gloo_write_the_in_process_tokens(tiny_weights) -> No
     assert run.tokens == here and len(run.wire_seconds) == len(run.tokens)
     assert run.collectives_per_step == 2 * w.config.num_layers + 2
     assert all(s > 0 for s in run.wire_seconds) and all(s > 0 for s in run.compute_seconds)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tensor_and_pipeline_parallel_on_a_gpu(random_weights) -> None:  # noqa: ANN001
+    """The shards on a GPU (the placement a process of an NCCL group uses, here all ranks on one GPU): fp32 gives the
+    one-rank tokens; bf16 logits agree with one rank's to bf16 rounding; the pipeline on the GPU too."""
+    w, ids = random_weights, list(range(5, 45))
+    models = {(tp, dt): TensorParallelModel(w.config, w.state_dict, tp, 128, device="cuda", dtype=dt)
+              for tp in (1, 3) for dt in (torch.float32, torch.bfloat16)}
+    x = torch.tensor([ids], device="cuda")
+    for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        one, three = models[(1, dt)], models[(3, dt)]
+        l1, l3 = one.forward(x, 0, one.new_caches(1)).float(), three.forward(x, 0, three.new_caches(1)).float()
+        assert l3.device.type == "cuda" and (l1 - l3).abs().max() <= tol * l1.abs().max(), (dt, (l1 - l3).abs().max())
+    one, three = models[(1, torch.float32)], models[(3, torch.float32)]
+    assert generate(one, [ids], 12).tokens == generate(three, [ids], 12).tokens
+    run = run_pipeline(one, [ids, ids[:20]], 4, 3)
+    assert list(run.tokens) == [generate(one, [p], 4).tokens[0] for p in (ids, ids[:20])]

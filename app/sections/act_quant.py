@@ -11,7 +11,7 @@ from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, chann
                                     result_json, results_frame, worst_layer)
 from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, variant_color
 from app.formatting import fmt_duration
-from app.runtime import shared_weights, weights_mode
+from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
@@ -44,9 +44,10 @@ def aq_explanation() -> None:
 
 
 def backend_line() -> None:
+    where = "" if device() == "cpu" else f" (also on this GPU server, whose engine runs on {device_label()})"
     st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) · **simulated in fp32 on "
-               "the CPU**: weights and each linear's input rounded to the format, then an fp32 matmul (a "
-               "low-precision GEMM computes the same products; this CPU has no FP8 or FP4 tensor cores) · "
+               f"the CPU**{where}: weights and each linear's input rounded to the format, then an fp32 matmul (a "
+               "low-precision GEMM computes the same products; a CPU has no FP8 or FP4 tensor cores) · "
                "every answer from the same dense pass, token by token.")
 
 

@@ -80,7 +80,11 @@ def free_port() -> int:
 def _worker(rank: int, tp: int, backend: str, port: int, weights: str | tuple[ModelConfig, dict],
             prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...], max_len: int, queue) -> None:  # noqa: ANN001
     t0 = time.perf_counter()
-    torch.set_num_threads(1)  # one core per rank at most: several ranks share this machine's cores
+    gpu = backend == "nccl"  # one GPU per rank, bf16; else CPU processes in fp32
+    if gpu:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)  # one core per rank at most: several ranks share this machine's cores
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group(backend, rank=rank, world_size=tp)
     try:
@@ -90,7 +94,9 @@ def _worker(rank: int, tp: int, backend: str, port: int, weights: str | tuple[Mo
             cfg, sd = w.config, w.state_dict
         else:
             cfg, sd = weights
-        model = TensorParallelModel(cfg, sd, tp, max_len, group=DistributedGroup(tp), ranks=[rank])
+        model = TensorParallelModel(cfg, sd, tp, max_len, group=DistributedGroup(tp), ranks=[rank],
+                                    device=f"cuda:{rank}" if gpu else "cpu",
+                                    dtype=torch.bfloat16 if gpu else torch.float32)
         del sd
         dist.barrier()
         setup = time.perf_counter() - t0
@@ -105,7 +111,8 @@ def _worker(rank: int, tp: int, backend: str, port: int, weights: str | tuple[Mo
 def run_distributed(weights: str | tuple[ModelConfig, dict], tp: int, prompt: list[int], max_new_tokens: int,
                     stop_ids: tuple[int, ...] = (), backend: str = "gloo", max_len: int = 1024) -> DistributedRun:
     """Greedy generation of one prompt by `tp` processes, one rank each. `weights`: "real" or "random" (each process
-    loads them), or (config, state dict) passed to every process (small models)."""
+    loads them), or (config, state dict) passed to every process (small models). `backend`: "gloo" (CPU processes)
+    or "nccl" (rank r on GPU r, bf16; needs `tp` GPUs, not yet run: the machines lent so far have one)."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(_worker, args=(tp, backend, free_port(), weights, list(prompt), max_new_tokens, tuple(stop_ids),

@@ -51,7 +51,7 @@ def generate(model: TensorParallelModel, prompts: list[list[int]], max_new_token
     if n + max_new_tokens > model.max_len:
         raise ValueError(f"{n} prompt tokens + {max_new_tokens} new ones exceed the model's {model.max_len} positions")
     caches = model.new_caches(B)
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=model.device)
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     steps, sites = [], ()

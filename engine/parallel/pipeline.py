@@ -55,7 +55,7 @@ def run_pipeline(model: TensorParallelModel, prompts: list[list[int]], max_new_t
             raise ValueError(f"request {m + 1}: {len(prompt)} prompt tokens + {max_new_tokens} new ones exceed "
                              f"{model.max_len} positions")
         caches = model.new_caches(1)
-        ids, start, out = torch.tensor([prompt]), 0, []
+        ids, start, out = torch.tensor([prompt], device=model.device), 0, []
         for step in range(max_new_tokens):
             h = None
             for s, layers in enumerate(stages):
@@ -74,7 +74,7 @@ def run_pipeline(model: TensorParallelModel, prompts: list[list[int]], max_new_t
             out.append(token)
             if token in stop_ids:
                 break
-            ids = torch.tensor([[token]])
+            ids = torch.tensor([[token]], device=model.device)
         outs.append(tuple(out))
     return PipelineRun(pp, tuple((r.start, r.stop) for r in stages), tuple(tasks), tuple(outs))
 

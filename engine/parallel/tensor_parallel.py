@@ -171,14 +171,17 @@ class TensorParallelModel:
     """
 
     def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], tp: int, max_len: int,
-                 group: Group | None = None, ranks: Iterable[int] | None = None) -> None:
+                 group: Group | None = None, ranks: Iterable[int] | None = None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         """`group` and `ranks`: by default all `tp` ranks here and an in-process group summing their partials; a
-        process of a distributed group passes its own rank and a `DistributedGroup` (engine/parallel/distributed.py)."""
+        process of a distributed group passes its own rank and a `DistributedGroup` (engine/parallel/distributed.py).
+        `device`, `dtype`: where the shards live (a GPU process: its GPU, bf16)."""
         self.cfg, self.tp, self.max_len = cfg, tp, max_len
+        self.device = torch.device(device)
         self.ranks = tuple(range(tp) if ranks is None else ranks)
-        self.shards = shard_weights(cfg, sd, tp, ranks=self.ranks)  # aligned with self.ranks
+        self.shards = shard_weights(cfg, sd, tp, device, dtype, ranks=self.ranks)  # aligned with self.ranks
         self.group = group or InProcessGroup(tp)
-        self.cos, self.sin = rope_cache(cfg, max_len, torch.device("cpu"))
+        self.cos, self.sin = rope_cache(cfg, max_len, self.device)
         self.trace = Trace()
 
     def new_caches(self, batch: int, layers: range | None = None) -> list[RankCache]:

@@ -67,6 +67,19 @@ def test_grid_bytes_and_checks() -> None:
 
 # ----------------------------------------------------------------------------------------------- GPTQ
 
+def test_act_order_takes_the_loudest_inputs_first() -> None:
+    """Per-row scales and a diagonal Hessian: no error to push, so act-order too is round-to-nearest whatever the
+    order. With correlated inputs it stays well below round-to-nearest's output error."""
+    w = torch.randn(32, 64, generator=_gen(1))
+    h = torch.diag(torch.rand(64, generator=_gen(2), dtype=torch.float64) * 4 + 0.1)
+    grid = Grid(4, 0)
+    assert torch.allclose(gptq_quantize(w, h, grid, act_order=True), round_to_nearest(w, grid), atol=1e-6)
+    x = _correlated_inputs(512, 64, outliers=4)
+    err = lambda w_hat: float((x @ (w_hat - w).T).pow(2).mean())  # noqa: E731
+    grid = Grid(4, 16)
+    assert err(gptq_quantize(w, hessian(x), grid, act_order=True)) < 0.7 * err(round_to_nearest(w, grid))
+
+
 def test_gptq_with_uncorrelated_inputs_is_round_to_nearest() -> None:
     """H proportional to the identity: no column's error has anywhere better to go, so GPTQ rounds each
     weight to its nearest level, exactly as round-to-nearest does."""
@@ -197,13 +210,15 @@ def test_on_the_real_model_awq_and_gptq_beat_round_to_nearest(real_weights, one_
     eval_set = build_eval_set(real_weights, [(list(q), list(a)) for q, a in texts.chat_eval])
     windows = calibration_windows(real_weights, "chat", 2048, texts)
     kl, fit = {}, {}
-    for method in ("rtn", "awq", "gptq"):
+    for method in ("rtn", "awq", "gptq", "gptq_act"):
         q = quantize_model(real_weights, method, grid, windows)
         kl[method] = score(dataclasses.replace(real_weights, state_dict=q.state_dict), eval_set)["chat"].kl
         fit[method] = sum(r.rel_error for r in q.reports) / len(q.reports)
     assert kl["awq"] < 0.8 * kl["rtn"] and kl["gptq"] < 0.9 * kl["rtn"], kl
     assert fit["gptq"] < 0.6 * fit["awq"] and fit["awq"] < fit["rtn"], fit
     assert kl["gptq"] > kl["awq"], kl
+    # Act-order (the largest inputs' columns first) closes most of that gap (measured 0.236 -> 0.176, AWQ 0.151).
+    assert kl["gptq_act"] < 0.9 * kl["gptq"] and fit["gptq_act"] <= fit["gptq"] * 1.05, (kl, fit)
 
 
 def test_bf16_weights_are_quantized_from_an_fp32_copy(tiny_weights) -> None:  # noqa: ANN001

@@ -13,7 +13,8 @@ from app.analysis.weight_quant import INPUT_LABELS
 from app.charts.axes import log_axis
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
-METHOD_COLORS = {"Round-to-nearest": BASELINE_COLOR, "AWQ": ACCENT, "GPTQ": TECHNIQUE_COLOR}
+METHOD_COLORS = {"Round-to-nearest": BASELINE_COLOR, "AWQ": ACCENT, "GPTQ": TECHNIQUE_COLOR,
+                 "GPTQ act-order": "#0072B2"}  # Okabe-Ito blue
 REFERENCE_COLOR = MUTED
 
 

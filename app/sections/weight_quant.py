@@ -43,7 +43,8 @@ def wq_explanation() -> None:
          "matter) and the activations down, searching α per layer.",
          "**GPTQ** rounds one input column at a time and moves each column's rounding error onto the columns not "
          "yet rounded, through the inverse Hessian of the calibration inputs: the layer's output changes as "
-         "little as the grid allows.",
+         "little as the grid allows. **GPTQ act-order** (add it to the methods) takes the columns with the largest "
+         "inputs first, while the most columns remain to absorb their error.",
          "Both quantize layer by layer, each layer from the inputs it sees once the layers before it are "
          "quantized. **Calibrate on chat** (the fine-tune's own answers) or on generic prose and compare.",
          "**GPTQ fits the calibration text best and generalises less**: H from a few thousand tokens barely pins "

@@ -98,11 +98,13 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("Parallelism for serving", "Serving",
              "The live model split by matrix over tensor-parallel ranks (the same tokens, a third of the weights "
              "and KV cache each, 62 collectives a step) and by layer over pipeline stages (a Gantt of measured stage "
-             "times, the bubble); the wire on an H200, and expert parallelism's memory, traffic and load imbalance.",
+             "times, the bubble); a rank's compute on an H200, the collectives over real processes here, and expert "
+             "parallelism's memory, traffic and load imbalance.",
              ":material/lan:", "pages/19_parallelism.py", "parallelism"),
     PageSpec("Weight-only quantization", "Serving post-trained models",
-             "The live model's linears rounded to 4 bits (or 8, 3, 2) by round-to-nearest, AWQ and GPTQ, calibrated "
-             "on its own chat answers, on prose or on random tokens: size against KL and agreement with the full model, "
+             "The live model's linears rounded to 4 bits (or 8, 3, 2) by round-to-nearest, AWQ and GPTQ (also "
+             "act-order), calibrated on its own chat answers, on prose or on random tokens: size against KL and "
+             "agreement with the full model, "
              "the answer each checkpoint writes, the error layer by layer and the activation outliers behind it.",
              ":material/scale:", "pages/15_weight_quantization.py", "weight-quantization"),
     PageSpec("Merge the LoRA or serve it", "Serving post-trained models",

@@ -6,7 +6,8 @@ import streamlit as st
 from app.runtime import shared_weights
 from app.sections.parallelism import (backend_line, degrees_section, download_section, expert_section, get_result,
                                       par_explanation, pipeline_section, settings_form, tp_answers_section,
-                                      tp_layout_section, tp_timing_section, when_section, wire_section)
+                                      tp_layout_section, tp_pays_section, tp_timing_section, when_section,
+                                      wire_section)
 
 PAGE = "par"
 st.title("Parallelism for serving: tensor, pipeline and expert")
@@ -24,7 +25,8 @@ if result is None:
 tp_answers_section(result)
 tp_layout_section(result, PAGE)
 tp_timing_section(result, PAGE)
-wire_section(result, PAGE)
+latency = wire_section(result, PAGE)
+tp_pays_section(PAGE, latency)
 hop = pipeline_section(result, PAGE)
 expert_section(PAGE)
 when_section()

@@ -20,10 +20,11 @@ from engine.weights import default_config
 import app.sections.parallelism as section
 from app.analysis.parallelism import (allowed_degrees, break_even_latency_us, collective_counts, collective_frame,
                                       degree_frame, ep_fits, ep_frame, h200_stage_ms, imbalance_curve,
-                                      lm_head_layers, load_h200, load_process_run, memory_frame, pass_times, replicated_bytes,
-                                      result_json, split_rows, stage_frame, token_latency, tp_projection)
+                                      lm_head_layers, load_h200, load_process_run, memory_frame, pass_times,
+                                      replicated_bytes, result_json, split_rows, stage_frame, token_latency,
+                                      tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
-                                    projection_figure, split_figure)
+                                    projection_figure, split_figure, tp_floor_figure)
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
@@ -149,6 +150,25 @@ def test_the_process_run_from_the_cpu_bench(tmp_path: Path) -> None:
     assert run.all_reduce_us == {2: 500.0, 3: 2000.0}  # the smallest message per group size
 
 
+def test_where_tp_pays_for_a_big_model() -> None:
+    """At the H200's measured bandwidth and capacity: Llama 3.1 70B's 141 GB of bf16 weights just fit one GPU's
+    139.8 GiB, 405B's need 8; the bytes halve with each doubling of TP while the wire stays the same."""
+    from engine.parallel.tp_scaling import DENSE_MODELS
+    from kernels.ceilings import REFERENCE_CEILINGS
+    ref = REFERENCE_CEILINGS["NVIDIA H200"]
+    m = next(x for x in DENSE_MODELS if x.name == "Llama 3.1 70B")
+    f = tp_floor_frame(m, 1, 4096, ref.ceilings.peak_bytes_per_s, ref.memory_bytes, 10.0)
+    assert list(f["tp"]) == [1, 2, 4, 8] and f["fits"].all()
+    big = next(x for x in DENSE_MODELS if x.name == "Llama 3.1 405B")
+    huge = tp_floor_frame(big, 1, 4096, ref.ceilings.peak_bytes_per_s, ref.memory_bytes, 10.0)
+    assert list(huge["fits"]) == [False, False, False, True]
+    assert f["wire_ms"].iloc[0] == 0 and f["wire_ms"].iloc[1] == pytest.approx((2 * 80 + 2) * 10 / 1e3)
+    assert f["read_ms"].iloc[2] == pytest.approx(f["read_ms"].iloc[1] / 2, rel=1e-9)
+    assert list(f["step_ms"]) == sorted(f["step_ms"], reverse=True)
+    fig = tp_floor_figure(huge, big.name, 10.0)
+    assert "does not fit" in fig.layout.annotations[0].text and len(fig.data) == 2
+
+
 def test_expert_arithmetic() -> None:
     frame = ep_frame()
     mixtral, deepseek = MOE_MODELS[0], MOE_MODELS[-1]
@@ -175,7 +195,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert [s.value for s in at.subheader] == SUBHEADERS
-    assert len(at.get("plotly_chart")) == 6  # split, memory, passes, Gantt, EP, imbalance
+    assert len(at.get("plotly_chart")) == 7  # split, memory, passes, big-model floor, Gantt, EP, imbalance
     text = " ".join(c.value for c in at.caption)
     assert "take turns in one" in text and "computed, not run" in text
     assert any("No H200 measurement here yet" in i.value for i in at.info)
@@ -190,7 +210,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at.slider(key=f"{PREFIX}-latency").set_value(30).run()
     at.select_slider(key=f"{PREFIX}-ep-tokens").set_value(64).run()
     assert_clean(at)
-    assert len(at.get("plotly_chart")) == 7
+    assert len(at.get("plotly_chart")) == 8
     assert "The all-reduces were not measured" in " ".join(c.value for c in at.caption)
 
     # A degree that does not split the heads: its message, the degree table and the last results stay.
@@ -202,7 +222,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert "9 query heads do not split evenly over 2 ranks" in error and "Degrees that work for it: 1, 3." in error
     assert error.endswith("The results below are the last run's.") and ".." not in error
     assert at.subheader[0].value == "Which degrees this model allows" and len(at.dataframe) >= 1
-    assert len(at.get("plotly_chart")) == 7
+    assert len(at.get("plotly_chart")) == 8
     at.selectbox(key=f"{PREFIX}-tp").set_value(3)
     at.text_input(key=f"{PREFIX}-prompt").set_value("   ")
     at.button(key=SUBMIT).click().run()
@@ -218,4 +238,4 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at.button(key=SUBMIT).click().run()
     assert not at.exception
     assert [e.value for e in at.error] == ["The run failed: out of memory (simulated)"]
-    assert len(at.get("plotly_chart")) == 7
+    assert len(at.get("plotly_chart")) == 8

@@ -19,6 +19,7 @@ from engine.parallel.generate import Generation, StepCost
 from engine.parallel.lab import ParallelResult
 from engine.parallel.pipeline import PipelineRun
 from engine.parallel.plan import tp_options
+from engine.parallel.tp_scaling import DenseShape, tp_floor
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_BENCH = ROOT / "bench" / "results" / "parallel_h200.json"
@@ -252,6 +253,14 @@ def h200_stage_ms(bench: H200Bench, pp: int, batch: int = 1) -> list[float] | No
 def break_even_latency_us(row: pd.Series, collectives: int) -> float:
     """The all-reduce latency at which TP's saved compute is all spent on the wire."""
     return max(0.0, (row["tp1_ms"] - row["rank_ms"]) * 1e3 / max(collectives, 1))
+
+
+def tp_floor_frame(model: DenseShape, batch: int, context: int, bytes_per_s: float, memory_bytes: float,
+                   latency_us: float, degrees: tuple[int, ...] = (1, 2, 4, 8)) -> pd.DataFrame:
+    """The decode-step floor of a published dense model per TP degree (engine/parallel/tp_scaling.py)."""
+    rows = [tp_floor(model, tp, batch, context, bytes_per_s, memory_bytes, latency_us) for tp in degrees]
+    return pd.DataFrame([{"tp": f.tp, "weights_gb": f.weights_gb, "kv_gb": f.kv_gb, "read_ms": f.read_ms,
+                          "wire_ms": f.wire_ms, "step_ms": f.step_ms, "fits": f.fits} for f in rows])
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------

@@ -126,6 +126,29 @@ def projection_figure(proj: pd.DataFrame, tp: int, latency_us: float, collective
     return fig
 
 
+def tp_floor_figure(frame: pd.DataFrame, model: str, latency_us: float) -> go.Figure:
+    """Per TP degree, a big model's decode-step floor: reading its weights and KV at the measured bandwidth, plus
+    the collectives at an assumed latency; degrees whose share does not fit one GPU are marked."""
+    x = [f"TP = {t}" for t in frame["tp"]]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=frame["read_ms"], name="reading weights + KV cache (measured bandwidth)",
+                         marker=dict(color=[rank_color(0) if ok else tint(MUTED, 0.35) for ok in frame["fits"]]),
+                         hovertemplate="%{x}: %{y:.2f} ms reading<extra></extra>"))
+    fig.add_trace(go.Bar(x=x, y=frame["wire_ms"], name=f"collectives × {latency_us:g} µs (assumed)",
+                         marker=dict(color=tint(WIRE_COLOR, 0.5), pattern=dict(shape="/", fgcolor=WIRE_COLOR)),
+                         hovertemplate="%{x}: + %{y:.2f} ms wire<extra></extra>"))
+    for xi, row in zip(x, frame.itertuples()):
+        label = f"{row.step_ms:.1f} ms" if row.fits else f"{row.weights_gb + row.kv_gb:.0f} GB: does not fit"
+        fig.add_annotation(x=xi, y=row.step_ms, text=label, showarrow=False, yanchor="bottom", yshift=4,
+                           font=dict(size=13, color=MUTED if not row.fits else "#111827"))
+    fig.update_layout(barmode="stack", bargap=0.35,
+                      title=dict(text=f"{model}: one decode step's floor per TP degree", subtitle=dict(
+                          text="Arithmetic: bytes per GPU over the H200's measured copy bandwidth, plus the wire")),
+                      yaxis=dict(title="ms per decode step", range=[0, float(frame["step_ms"].max()) * 1.18]),
+                      legend=dict(orientation="h", yanchor="top", y=-0.15, x=0), margin=dict(t=100))
+    return fig
+
+
 def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
     """The measured stage tasks laid out on one timeline per GPU: bars coloured by request, the prefill (step 0)
     hatched, each labelled with its step where it is wide enough to hold the number."""

@@ -11,15 +11,17 @@ from engine.parallel.expert_math import MOE_MODELS
 from engine.parallel.lab import (MAX_MICRO_BATCHES, MAX_NEW_TOKENS, MAX_PIPELINE_TOKENS, MAX_PROMPT_CHARS,
                                  ParallelResult, ParallelSettings, run_parallel_lab)
 from engine.parallel.plan import MAX_PP, MAX_TP
+from engine.parallel.tp_scaling import DENSE_MODELS
+from kernels.ceilings import REFERENCE_CEILINGS
 
-from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, load_process_run, EP_GPUS, H200_BENCH, ROUTING_DRAWS, ROUTING_TOKENS, allowed_degrees,
-                                      break_even_latency_us, collective_counts, collective_frame, degree_frame, engine_tp_ms,
-                                      h200_stage_ms,
-                                      ep_fits, ep_frame, imbalance_curve, lm_head_layers, load_h200, memory_frame,
-                                      model_named, pass_times, replicated_bytes, result_json, split_rows,
-                                      stage_frame, token_latency, tp_projection)
+from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, EP_GPUS, H200_BENCH, ROUTING_DRAWS,
+                                      ROUTING_TOKENS, allowed_degrees, break_even_latency_us, collective_counts,
+                                      collective_frame, degree_frame, engine_tp_ms, ep_fits, ep_frame, h200_stage_ms,
+                                      imbalance_curve, lm_head_layers, load_h200, load_process_run, memory_frame,
+                                      model_named, pass_times, replicated_bytes, result_json, split_rows, stage_frame,
+                                      token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
-                                    projection_figure, rank_color, split_figure)
+                                    projection_figure, rank_color, split_figure, tp_floor_figure)
 from app.formatting import fmt_duration, plural
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
@@ -226,7 +228,8 @@ def processes_section() -> None:
                f"slowest rank sets each one's pace. `{CPU_BENCH_COMMAND}` measures it.")
 
 
-def wire_section(result: ParallelResult, page: str) -> None:
+def wire_section(result: ParallelResult, page: str) -> float:
+    """Returns the assumed all-reduce latency in µs (the next section prices a big model's wire with it)."""
     st.subheader("The wire: what the collectives cost on a GPU")
     processes_section()
     bench = load_h200(H200_FILE)
@@ -240,12 +243,12 @@ def wire_section(result: ParallelResult, page: str) -> None:
                 "on a GPU machine writes it). The page shows the CPU figures above only.", icon=":material/info:")
         st.caption(f"At {latency} µs each, one decode step's {reduces + gathers} collectives would add "
                    f"{(reduces + gathers) * latency / 1e3:.2f} ms to every step on GPUs, whatever the batch.")
-        return
+        return latency
     tp = result.settings.tp if result.settings.tp > 1 else 3
     proj = tp_projection(bench, tp, reduces or 2 * shared_weights().config.num_layers + 1, gathers or 1, latency)
     if proj.empty:
         st.info(f"The H200 file has no TP = {tp} rows.", icon=":material/info:")
-        return
+        return latency
     n = int(proj["wire_ms"].iloc[0] * 1e3 / latency) if latency else 0
     show_figure(projection_figure(proj, tp, latency, n), key=f"{page}-h200", height=440)
     small = proj.iloc[0]
@@ -267,6 +270,32 @@ def wire_section(result: ParallelResult, page: str) -> None:
     if not bench.all_reduce.empty:
         st.dataframe(bench.all_reduce.rename(columns={"ranks": "GPUs", "bytes": "Bytes", "us": "µs (measured)"}),
                      hide_index=True)
+    return latency
+
+
+def tp_pays_section(page: str, latency_us: float) -> None:
+    """Where TP pays: a published dense model's decode-step floor per TP degree, in arithmetic."""
+    st.markdown("**Where tensor parallelism pays.** A large model's decode step at small batch is bound by reading "
+                "its weights and KV cache; TP divides those bytes over the GPUs and adds the same "
+                "2 collectives per layer. Its floor, per degree:")
+    c = st.columns([1.4, 1, 1])
+    name = c[0].selectbox("Model", [m.name for m in DENSE_MODELS], index=1, key=_key(page, "dense-model"))
+    batch = c[1].select_slider("Sequences in the batch", [1, 8, 32, 128], value=1, key=_key(page, "dense-batch"))
+    context = c[2].select_slider("Context (tokens)", [1024, 4096, 16384, 65536], value=4096,
+                                 key=_key(page, "dense-context"))
+    model = next(m for m in DENSE_MODELS if m.name == name)
+    ref = REFERENCE_CEILINGS["NVIDIA H200"]
+    frame = tp_floor_frame(model, batch, context, ref.ceilings.peak_bytes_per_s, ref.memory_bytes, latency_us)
+    show_figure(tp_floor_figure(frame, model.name, latency_us), key=f"{page}-tp-floor", height=430)
+    best = frame[frame["fits"]].sort_values("step_ms").head(1)
+    where = (f"the fastest that fits is TP = {int(best['tp'].iloc[0])} at {best['step_ms'].iloc[0]:.1f} ms a token"
+             if len(best) else "no degree up to 8 fits its weights on H200s")
+    st.caption(f"{model.name} ({model.params_b:g} B parameters in bf16, {model.layers} layers, {model.kv_heads} KV "
+               f"heads; {model.source}): {where}. Arithmetic, not a run: bytes per GPU over the H200's measured "
+               f"device copy ({ref.ceilings.peak_bytes_per_s / 1e12:.2f} TB/s), one GPU holding "
+               f"{ref.memory_bytes / 2**30:.1f} GiB, plus {2 * model.layers + 2} collectives at the latency set "
+               "above. Compute and kernel overheads are left out, so a real step is slower. Unlike the 135M model "
+               "above, the bytes TP divides here are far more than the wire it adds.")
 
 
 # ---- pipeline parallelism ------------------------------------------------------------------------

@@ -130,6 +130,10 @@ class Tokenizer:
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
         return self.encode(text)
 
+    def chat_prompt_ids(self, message: str) -> list[int]:
+        """One user message as a ChatML prompt ready for the assistant's answer: what every page and lab sends."""
+        return self.apply_chat_template([{"role": "user", "content": message}])
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The ChatML prompt as text (what `apply_chat_template` tokenises)."""
         return str(

@@ -370,7 +370,7 @@ def export_tokenizer_assets(dest: Path = ASSETS_DIR) -> Path:
 
 def _generate(weights: LoadedWeights, prompt: str, max_new_tokens: int) -> str:
     model = hf_reference_model(weights)
-    ids = weights.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    ids = weights.tokenizer.chat_prompt_ids(prompt)
     with torch.no_grad():
         out = model.generate(
             torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,

@@ -20,10 +20,6 @@ from engine.parallel.tensor_parallel import TensorParallelModel, shard_weights
 from engine.sampling_params import SamplingParams
 
 
-def _chat(w, text: str) -> list[int]:  # noqa: ANN001
-    return w.tokenizer.apply_chat_template([{"role": "user", "content": text}])
-
-
 # ---- which degrees ---------------------------------------------------------------------------------
 
 def test_smollm2_splits_over_one_or_three_ranks_only(random_weights) -> None:  # noqa: ANN001
@@ -76,7 +72,7 @@ def test_three_ranks_write_the_single_models_and_the_engines_tokens(real_weights
     Hugging Face in test_engine_exactness.py). The logits agree to fp32 rounding (the partial sums add in another
     order)."""
     w = real_weights
-    ids = _chat(w, "Name two planets and one fact about each.")
+    ids = w.tokenizer.chat_prompt_ids("Name two planets and one fact about each.")
     one, three = (TensorParallelModel(w.config, w.state_dict, tp, 256) for tp in (1, 3))
     g1 = generate(one, [ids], 24, w.config.eos_token_ids)
     g3 = generate(three, [ids], 24, w.config.eos_token_ids)

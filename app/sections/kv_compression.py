@@ -152,7 +152,7 @@ def _apply(page: str, prompt: str, tokens: int, rows: list[dict]) -> list[str]:
 
 
 def prompt_ids(prompt: str) -> list[int]:
-    return shared_weights().tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    return shared_weights().tokenizer.chat_prompt_ids(prompt)
 
 
 @st.cache_resource(show_spinner=False)

@@ -29,7 +29,7 @@ from engine.kv_compression.lab import first_difference
 from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, embed, layer_forward, rope_tables,
                                        sequence_logits, weight_key)
 from engine.weight_quant.lab import (DomainScore, EvalSet, activation_profile, build_eval_set, calibration_windows,
-                                     check_run_inputs, chat_prompt_ids, fp32_state, reference_texts, score)
+                                     check_run_inputs, fp32_state, reference_texts, score)
 from engine.weight_quant.texts import WINDOW
 from engine.weights import LoadedWeights
 
@@ -310,7 +310,7 @@ def run_lab(weights: LoadedWeights, settings: ActLabSettings, progress: Progress
     mean, amax = activation_profile(weights, windows), channel_max(weights, windows)
     scales = smoothing(weights, amax, settings.alpha)
     eval_set = build_eval_set(weights, [(list(q), list(a)) for q, a in texts.chat_eval[:EVAL_CHAT]])
-    prompt = chat_prompt_ids(weights, settings.prompt)
+    prompt = weights.tokenizer.chat_prompt_ids(settings.prompt)
     decode = weights.tokenizer.decode
     full_answer = tuple(dense_greedy(weights, prompt, settings.max_new_tokens))
     reference = VariantOutcome(None, "Full precision", FULL_BITS, FULL_BITS,

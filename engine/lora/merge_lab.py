@@ -327,10 +327,6 @@ class MergeResult:
         return next(t for t in self.timings if t.deployment == deployment and t.batch == batch)
 
 
-def chat_prompt_ids(weights: LoadedWeights, message: str) -> list[int]:
-    return weights.tokenizer.apply_chat_template([{"role": "user", "content": message}])
-
-
 def run_merge_lab(weights: LoadedWeights, settings: MergeSettings, progress: Progress | None = None,
                   device: str = "cpu", dtype: str = "float32", cuda_graphs: bool = False,
                   adapter: LoraAdapter | None = None) -> MergeResult:
@@ -350,7 +346,7 @@ def run_merge_lab(weights: LoadedWeights, settings: MergeSettings, progress: Pro
                            f"{weights.source} + LoRA '{adapter.name}' merged", weights.tokenizer)
     merge_seconds = time.perf_counter() - tm
     try:
-        prompt_ids = chat_prompt_ids(weights, settings.prompt)
+        prompt_ids = weights.tokenizer.chat_prompt_ids(settings.prompt)
         batches = settings.batch_sizes
         max_len = len(prompt_ids) + max(settings.max_new_tokens, settings.warmup_steps + 2 * settings.timed_steps + 2)
         if max_len + BLOCK_SIZE > cfg.max_position_embeddings:

@@ -78,15 +78,11 @@ class ParallelResult:
         return summarize(self.pipeline, self.placed(hop_seconds))
 
 
-def _chat(weights: LoadedWeights, prompt: str) -> list[int]:
-    return weights.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-
-
 def run_parallel_lab(weights: LoadedWeights, settings: ParallelSettings, progress: Progress | None = None) -> ParallelResult:
     cfg, tok = weights.config, weights.tokenizer
     settings.check(cfg)
     say = progress or (lambda _msg, _frac: None)
-    ids = _chat(weights, settings.prompt)
+    ids = tok.chat_prompt_ids(settings.prompt)
     if len(ids) + max(settings.max_new_tokens, settings.pipeline_tokens) > MAX_LEN:
         raise ValueError(f"the prompt is {len(ids)} tokens; with the tokens to generate it must fit in {MAX_LEN}")
     stop = cfg.eos_token_ids
@@ -101,7 +97,7 @@ def run_parallel_lab(weights: LoadedWeights, settings: ParallelSettings, progres
                        settings.max_new_tokens, stop)
     say(f"{settings.micro_batches} requests through {settings.pp} pipeline stages", 0.65)
     prompts = (settings.prompt,) + PIPELINE_PROMPTS[:settings.micro_batches - 1]
-    run = run_pipeline(TensorParallelModel(cfg, weights.state_dict, 1, MAX_LEN), [_chat(weights, p) for p in prompts],
+    run = run_pipeline(one_rank, [tok.chat_prompt_ids(p) for p in prompts],
                        settings.pipeline_tokens, settings.pp, stop)
     say("done", 1.0)
     text = lambda g: tok.decode(g.tokens[0], skip_special_tokens=True)  # noqa: E731

@@ -175,7 +175,7 @@ def reference_texts(weights: LoadedWeights, device: str = "cpu", dtype: str = "f
 
 def _write_reference_texts(weights: LoadedWeights, device: str, dtype: str) -> ReferenceTexts:
     tok = weights.tokenizer
-    questions = [chat_prompt_ids(weights, q) for q in (*CHAT_CALIBRATION, *CHAT_EVAL)]
+    questions = [weights.tokenizer.chat_prompt_ids(q) for q in (*CHAT_CALIBRATION, *CHAT_EVAL)]
     openings = [tok.encode(o) for o in PROSE_OPENINGS]
     out = greedy_answers(weights, questions + openings, max(CHAT_ANSWER_TOKENS, PROSE_CONTINUATION_TOKENS),
                          device, dtype)
@@ -374,10 +374,6 @@ class LabResult:
         return (self.reference, *self.variants)
 
 
-def chat_prompt_ids(weights: LoadedWeights, question: str) -> list[int]:
-    return weights.tokenizer.apply_chat_template([{"role": "user", "content": question}])
-
-
 def run_lab(weights: LoadedWeights, settings: LabSettings, device: str = "cpu", dtype: str = "float32",
             progress: Progress | None = None) -> LabResult:
     """The whole comparison: the full model's chat answers (calibration and evaluation text), calibration
@@ -388,7 +384,7 @@ def run_lab(weights: LoadedWeights, settings: LabSettings, device: str = "cpu", 
     grid = settings.grid
     say("The full-precision model writes the calibration and evaluation text (once per server)", 0.0)
     texts = reference_texts(weights, device, dtype)
-    user_prompt = chat_prompt_ids(weights, settings.prompt)
+    user_prompt = weights.tokenizer.chat_prompt_ids(settings.prompt)
     reference_answer = tuple(greedy_answers(weights, [user_prompt], settings.max_new_tokens, device, dtype)[0])
     calib = calibration_windows(weights, settings.calibration, settings.calibration_tokens, texts)
     eval_set = build_eval_set(weights, [(list(q), list(a)) for q, a in texts.chat_eval])

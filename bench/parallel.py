@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=2 PYTHONPATH=. python3 bench/parallel.py                    # CPU: real weights, fp32, eager
     python3 bench/parallel.py --device cuda                                     # GPU: random weights, bf16
 
-One rank of a tensor-parallel group runs the per-rank functions of engine/parallel/tensor_parallel.py for a
+One rank of a tensor-parallel group (the page's `TensorParallelModel`, holding rank 0 only) runs a
 decode step (batch B, every sequence `--context` tokens in): its vocabulary slice of the embedding, for every layer
 its heads' attention and O columns and its MLP channels, its slice of the logits. The all-reduces between them
 are left out (a rank alone has no one to reduce with), so the time is the rank's compute, which is what tensor
@@ -40,36 +40,19 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.results_io import write_results_and_out  # noqa: E402
-from engine.model import rope_cache  # noqa: E402
+from engine.config import ModelConfig  # noqa: E402
+from engine.engine import LLMEngine  # noqa: E402
+from engine.lora.merge_lab import engine_config  # noqa: E402
 from engine.parallel.distributed import free_port, run_distributed  # noqa: E402
 from engine.parallel.generate import generate  # noqa: E402
 from engine.parallel.lab import ParallelSettings  # noqa: E402
 from engine.parallel.plan import stage_layers  # noqa: E402
-from engine.parallel.tensor_parallel import (RankShard, TensorParallelModel, attention_partial, embed_partial, logits_partial,  # noqa: E402
-                                             mlp_partial, new_rank_cache, rmsnorm, shard_weights)
-from engine.config import ModelConfig  # noqa: E402
-from engine.engine import LLMEngine  # noqa: E402
-from engine.lora.merge_lab import engine_config  # noqa: E402
+from engine.parallel.tensor_parallel import TensorParallelModel  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.weights import LoadedWeights, load_weights, random_state_dict  # noqa: E402
 
 BATCHES = (1, 16, 64, 256)
 PROMPT = ParallelSettings().prompt  # the page's default
-
-
-def rank_step(cfg, shard: RankShard, ids: torch.Tensor, cache, start: int, cos, sin, layers: range,  # noqa: ANN001
-              first: bool, last: bool, h: torch.Tensor | None = None) -> torch.Tensor:
-    """One rank's share of a decode step over `layers`, its partial sums added locally where an all-reduce
-    would add all ranks' (the same arithmetic and memory traffic on this rank, without the wire)."""
-    eps = cfg.rms_norm_eps
-    if first:
-        h = embed_partial(shard, ids)
-    for i in layers:
-        x = rmsnorm(h, shard.layers[i]["attn_norm"], eps)
-        h = h + attention_partial(cfg, shard, i, x, cache, start, cos, sin)
-        x = rmsnorm(h, shard.layers[i]["mlp_norm"], eps)
-        h = h + mlp_partial(shard, i, x)
-    return logits_partial(cfg, shard, h[:, -1]) if last else h
 
 
 def _time(fn, reps: int, timed: int, cuda: bool) -> float:  # noqa: ANN001
@@ -106,17 +89,25 @@ def as_graph(fn):  # noqa: ANN001, ANN201
     return g.replay
 
 
-def time_rank(cfg, shard: RankShard, batch: int, context: int, layers: range, first: bool, last: bool,  # noqa: ANN001
-              args, cuda: bool) -> tuple[float, float | None]:
-    dev = shard.embed.device
-    cos, sin = rope_cache(cfg, context + 1, dev)
-    cache = new_rank_cache(cfg, shard, batch, context + 1, layers)
+def time_rank(model: TensorParallelModel, batch: int, context: int, layers: range, first: bool, last: bool,
+              args, cuda: bool) -> tuple[float, float | None]:  # noqa: ANN001
+    """The decode step of the one rank `model` holds (built with ranks=[0]) over `layers`, `context` tokens in: its
+    group of one hands each partial back as it is, so the partial sums are added locally where an all-reduce would
+    add all ranks' (the same arithmetic and memory traffic on this rank, without the wire). (eager, graph) ms."""
+    [cache] = model.new_caches(batch, layers)
     for t in cache.k + cache.v:
         if t is not None:
             t.normal_()
-    ids = torch.randint(0, cfg.vocab_size, (batch, 1), device=dev)
-    h = None if first else torch.randn(batch, 1, cfg.hidden_size, device=dev, dtype=shard.embed.dtype)
-    step = lambda: rank_step(cfg, shard, ids, cache, context, cos, sin, layers, first, last, h)  # noqa: E731
+    dev = model.device
+    ids = torch.randint(0, model.cfg.vocab_size, (batch, 1), device=dev)
+    h = None if first else torch.randn(batch, 1, model.cfg.hidden_size, device=dev, dtype=model.shards[0].embed.dtype)
+
+    def step() -> torch.Tensor:
+        model.trace.segments.clear()  # the records of one step at a time, not of every repetition
+        model.group.reset()
+        x = model.layers(model.embed(ids) if first else h, context, [cache], layers)
+        return model.logits(x[:, -1]) if last else x
+
     with torch.inference_mode():
         for _ in range(args.warmup):
             step()
@@ -205,7 +196,7 @@ def distributed_run(mode: str, tp: int, w, tokens: int, backend: str = "gloo") -
     the ranks taking turns in one process (on GPU 0 for nccl): the same greedy tokens? (In bf16 a different order
     of the partial sums may flip a near tie.) And per decode step, rank 0's compute and its time in the 62
     collectives."""
-    prompt = w.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+    prompt = w.tokenizer.chat_prompt_ids(PROMPT)
     run = run_distributed(mode, tp, prompt, tokens, w.config.eos_token_ids, backend, len(prompt) + tokens + 1)
     gpu = backend == "nccl"
     here = generate(TensorParallelModel(w.config, w.state_dict, tp, len(prompt) + tokens + 1,
@@ -248,17 +239,18 @@ def main() -> None:
     tp_rows, pp_rows = [], []
     print(f"{'':>10} {'batch':>6} {'eager ms':>9} {'graph ms':>9}")
     for tp in [int(t) for t in args.tp.split(",")]:
-        shard = shard_weights(cfg, w.state_dict, tp, args.device, dtype)[0]  # every rank has the same shapes
+        rank0 = TensorParallelModel(cfg, w.state_dict, tp, args.context + 1, ranks=[0], device=args.device,
+                                    dtype=dtype)  # every rank has the same shapes
         for b in batches:
-            eager, graph = time_rank(cfg, shard, b, args.context, range(cfg.num_layers), True, True, args, cuda)
+            eager, graph = time_rank(rank0, b, args.context, range(cfg.num_layers), True, True, args, cuda)
             tp_rows.append({"tp": tp, "rank": 0, "batch": b, "eager_ms": eager, "graph_ms": graph})
             print(f"{'tp ' + str(tp):>10} {b:>6} {eager:9.3f} {graph if graph is not None else float('nan'):9.3f}")
-        del shard
-    full = shard_weights(cfg, w.state_dict, 1, args.device, dtype)[0]
+        del rank0
+    full = TensorParallelModel(cfg, w.state_dict, 1, args.context + 1, device=args.device, dtype=dtype)
     for pp in [int(p) for p in args.pp.split(",")]:
         for s, layers in enumerate(stage_layers(cfg.num_layers, pp)):
             for b in batches:
-                eager, graph = time_rank(cfg, full, b, args.context, layers, s == 0, s == pp - 1, args, cuda)
+                eager, graph = time_rank(full, b, args.context, layers, s == 0, s == pp - 1, args, cuda)
                 pp_rows.append({"pp": pp, "stage": s, "first_layer": layers.start, "last_layer": layers.stop - 1,
                                 "batch": b, "eager_ms": eager, "graph_ms": graph})
                 print(f"{f'pp {pp} s{s}':>10} {b:>6} {eager:9.3f} {graph if graph is not None else float('nan'):9.3f}")

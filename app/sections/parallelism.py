@@ -200,7 +200,7 @@ def tp_timing_section(result: ParallelResult, page: str) -> None:
         f"model ({decode.one_rank:.1f} ms). A decode step's compute on {tp} GPUs would be "
         f"{decode.critical / max(decode.one_rank, 1e-9):.0%} of one GPU's, not 1/{tp}: its matmuls are small, and "
         "each rank pays the same fixed costs per call. The prefill's larger matmuls divide better, but its bars "
-        "are single passes (the run's first pass can carry start-up costs); the decode bars are medians."
+        "are single passes (after one untimed warm-up pass); the decode bars are medians."
         if tp > 1 else
         "At TP = 1 there is one rank: choose 3 in the form to split the model.")
 

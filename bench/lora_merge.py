@@ -32,7 +32,7 @@ from bench.results_io import write_results_and_out  # noqa: E402
 from engine.kv_compression.lab import first_difference  # noqa: E402
 from engine.lora.merge import merged_state_dict  # noqa: E402
 from engine.lora.anatomy import footprint  # noqa: E402
-from engine.lora.merge_lab import (DEFAULT_PROMPT, RANDOM, answer, chat_prompt_ids,  # noqa: E402
+from engine.lora.merge_lab import (DEFAULT_PROMPT, RANDOM, answer,  # noqa: E402
                                    merged_and_lora_engines, resolve_adapter, time_decode)
 from engine.model import release_prepared  # noqa: E402
 from engine.weights import LoadedWeights, load_weights  # noqa: E402
@@ -53,19 +53,18 @@ def main() -> None:
     ap.add_argument("--timed", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads on the CPU (default: OMP_NUM_THREADS)")
     ap.add_argument("--no-graphs", action="store_true", help="on a GPU: eager steps, kernels profiled")
-    ap.add_argument("--lora-launches", default="auto", choices=("auto", "two", "one-no-pdl"),
-                    help="two: never the one-launch LoRA kernel (kernels/lora_triton.py); one-no-pdl: that kernel "
-                         "outside PDL chains; for A/Bs of those paths")
+    ap.add_argument("--lora-launches", default="two", choices=("two", "one", "one-no-pdl"),
+                    help="two: shrink and expand, what the engine runs; one: the one-launch LoRA kernel "
+                         "(kernels/lora_triton.py) at decode batches up to 16 rows; one-no-pdl: that kernel outside "
+                         "PDL chains; for A/Bs of those paths")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.lora_launches != "auto":
+    if args.lora_launches != "two":
         import kernels.lora_triton as lora_triton
-        if args.lora_launches == "two":
-            lora_triton.FUSED_MAX_T = 0  # `use_fused` reads it at every call
-        else:
-            lora_triton.FUSED_PDL = False
+        lora_triton.FUSED_MAX_T = 16  # `use_fused` reads it at every call; 16 rows: the batches the A/B ran it at
+        lora_triton.FUSED_PDL = args.lora_launches == "one"
     cuda = args.device == "cuda"
     mode = args.weights or ("random" if cuda else "real")
     dtype = "bfloat16" if cuda else "float32"
@@ -73,7 +72,7 @@ def main() -> None:
     ranks = tuple(int(r) for r in args.ranks.split(","))
     batches = tuple(int(b) for b in args.batches.split(","))
     weights = load_weights(mode, device=args.device, dtype=getattr(torch, dtype))
-    prompt_ids = chat_prompt_ids(weights, DEFAULT_PROMPT)
+    prompt_ids = weights.tokenizer.chat_prompt_ids(DEFAULT_PROMPT)
     max_len = len(prompt_ids) + max(ANSWER_TOKENS, args.warmup + 2 * args.timed + 2)
     device_name = torch.cuda.get_device_name(0) if cuda else f"CPU ({torch.get_num_threads()} threads)"
     print(f"{device_name}, {mode} weights, {dtype}, CUDA graphs {'on' if graphs else 'off'}; prompt "

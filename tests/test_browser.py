@@ -55,7 +55,9 @@ def page(browser):  # noqa: ANN001
 # (Plotly draws, and re-lays out after a resize, a little after the delta arrives), or after `cap` ms.
 _SETTLED_JS = """([quiet, cap]) => new Promise(resolve => {
     const main = document.querySelector('[data-testid="stMain"]') || document.body;
-    const drawn = () => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'));
+    // A chart whose code is still loading is a Suspense skeleton, not yet an stPlotlyChart: count it as undrawn.
+    const drawn = () => !main.querySelector('[data-testid="stSkeleton"]')
+        && [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => c.querySelector('.main-svg'));
     let timer = null;
     const done = () => { obs.disconnect(); clearTimeout(limit); resolve(true); };
     const arm = () => { clearTimeout(timer); timer = setTimeout(() => drawn() ? done() : arm(), quiet); };
@@ -69,7 +71,9 @@ _SETTLED_JS = """([quiet, cap]) => new Promise(resolve => {
 def settle_charts(pg, quiet_ms: int = 400, cap_ms: int = 20000) -> None:  # noqa: ANN001
     """Wait until Plotly has finished drawing: a quiet main area instead of a fixed sleep (a fixed second per
     rerun was a third of the browser tests' time). The cap only counts when charts are slow to draw: a CI run
-    with the other worker on real-model tests found the weight page's five charts not drawn after 6 s."""
+    with the other worker on real-model tests found the weight page's five charts not drawn after 6 s. Streamlit
+    loads the chart component lazily and shows a skeleton (stSkeleton) meanwhile, so a page whose charts were all
+    still skeletons looked drawn (no stPlotlyChart at all): a CI run found the merge page with none of its charts."""
     pg.evaluate(_SETTLED_JS, [quiet_ms, cap_ms])
 
 

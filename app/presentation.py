@@ -23,7 +23,7 @@ _BASE_CSS = """
   [data-testid="stMetricValue"] p { line-height: 1.15; }
   /* The explanation panel's formulas are inline math that wraps (app/widgets/explain.py): a hanging indent
      sets the continuation lines of a wrapped formula apart from the next formula. */
-  .st-key-explain-formulas [data-testid="stMarkdownContainer"] p {
+  [class*="st-key-explain-formulas"] [data-testid="stMarkdownContainer"] p {
     padding-left: 1.5em; text-indent: -1.5em; margin-bottom: 0.7rem; line-height: 1.9;
   }
   /* The home page's topic links carry a one-line summary: let it wrap rather than end in "…". */

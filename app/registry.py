@@ -40,7 +40,8 @@ HOME = PageSpec("Home", "", "What InferScope is and what is live.", ":material/h
 PAGES: tuple[PageSpec, ...] = (
     PageSpec("KV cache", "Memory and attention",
              "2 × layers × KV heads × head dim × bytes per number for every token, live: the cache growing, MHA/GQA/MQA, "
-             "long-context sizing, and decoding with vs without the cache timed on the model.",
+             "MLA's latent cache (released models' sizes, and retrofitted onto the live model by SVD, scored against "
+             "MQA at the same size), long-context sizing, and decoding with vs without the cache timed on the model.",
              ":material/database:", "pages/01_kv_cache.py", "kv-cache"),
     PageSpec("Attention roofline", "Memory and attention",
              "The live kernels of every step on this machine's measured roofline: prefill near the compute "

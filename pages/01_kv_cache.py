@@ -1,5 +1,7 @@
-"""KV cache (seed chapter 01): the byte formula, live growth, head sharing, and cache vs recompute."""
+"""KV cache (seed chapter 01, and the KV cache topic): the byte formula, live growth, head sharing (MHA, GQA, MQA),
+MLA's latent cache in arithmetic and retrofitted onto the live model, and cache vs recompute."""
 from app.sections.kv_cache import formula_section, growth_section, timing_section, variants_section
+from app.sections.kv_latent import mla_section
 from app.scenario_library import KV_CACHE
 from app.state import get_session
 from app.widgets.controls import engine_controls
@@ -21,4 +23,5 @@ scenario_editor(session, PAGE, KV_CACHE)
 growth_section(session, record, history_until(session, record))
 kernel_timing_panel(record, PAGE)
 variants_section(session.engine.model_config)
+mla_section(PAGE)
 timing_section(PAGE)

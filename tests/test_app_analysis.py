@@ -25,7 +25,7 @@ def tiny(requests: list[RequestSpec], **engine) -> Scenario:  # noqa: ANN003
 def test_kv_formula_for_smollm2(random_weights) -> None:  # noqa: ANN001
     cfg = random_weights.config
     assert kv_bytes_per_token(cfg, 4) == 2 * 30 * 3 * 64 * 4 == 46_080
-    assert [v.kv_heads for v in attention_variants(cfg)] == [9, 3, 1]
+    assert [v.kv_heads for v in attention_variants(cfg)] == [9, 3, 1, None]
     assert kv_cache_bytes(cfg, 2, 8192, 8, kv_heads=9) == 2 * 30 * 9 * 64 * 2 * 8192 * 8
 
 

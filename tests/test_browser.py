@@ -163,7 +163,7 @@ def assert_buttons_fit(pg) -> None:  # noqa: ANN001
 def assert_formulas_fit(pg) -> int:  # noqa: ANN001
     """Every formula of the explanation panel is drawn whole inside its column (no KaTeX error, nothing past
     the column's right edge); returns how many there are."""
-    found = pg.evaluate("""() => [...document.querySelectorAll('.st-key-explain-formulas [data-testid="stMarkdownContainer"]')]
+    found = pg.evaluate("""() => [...document.querySelectorAll('[class*="st-key-explain-formulas"] [data-testid="stMarkdownContainer"]')]
         .map(c => [c.querySelector('.katex-html') ? c.querySelector('.katex-html').getBoundingClientRect().right
                    - c.getBoundingClientRect().right : 1e9, c.querySelectorAll('.katex-error').length, c.innerText])""")
     bad = [text for over, errors, text in found if over > 1 or errors]
@@ -421,6 +421,29 @@ def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001
     assert_clean(page)
     assert_chart_text_apart(page)
     shoot(page, "01_kv_cache_measured")
+
+
+def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
+    """MLA on the KV page, on a projector: released models' caches in arithmetic, then the live model's K and V
+    factored through a latent (about 30 s here): three answers, the quality-vs-cache chart, the spectra."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "kv-cache")
+    assert page.locator('[data-testid="stPlotlyChart"]', has_text="Released models").count() == 1
+    charts = page.locator('[data-testid="stPlotlyChart"]')
+    before = charts.count()
+    click_button(page, "Factor, score and answer")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("Cached per token and layer")')
+    settle_charts(page)
+    assert_clean(page)
+    assert page.locator(".kvl-row").count() == 3
+    assert charts.count() == before + 2 and plotly_count(page) >= 1
+    assert page.get_by_text("At the same cache size", exact=False).count() == 1
+    assert_formulas_fit(page)
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "01_kv_cache_latent")
 
 
 def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001

@@ -10,7 +10,8 @@ from engine.config import ModelConfig
 from engine.trace import StepRecord
 
 from app.analysis.cache_timing import CacheTiming
-from app.analysis.kv_math import DTYPE_BYTES, attention_variants, kv_bytes_per_token, kv_cache_bytes, weights_bytes
+from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, kv_bytes_per_token, variant_bytes_per_token,
+                                  weights_bytes)
 from app.analysis.trace_metrics import tokens_by_owner
 from app.charts.axes import step_ticks
 from app.charts.colors import owner_color
@@ -18,7 +19,7 @@ from app.theme import ACCENT, MUTED
 
 MIB = 1024 ** 2
 GIB = 1024 ** 3
-VARIANT_COLORS = {"MHA": "#CC79A7", "GQA": "#0072B2", "MQA": "#009E73"}
+VARIANT_COLORS = {"MHA": "#CC79A7", "GQA": "#0072B2", "MQA": "#009E73", "MLA": "#E69F00"}
 
 
 def kv_growth(records: list[StepRecord], bytes_per_token: int, order: list[str]) -> go.Figure:
@@ -78,13 +79,13 @@ def bytes_vs_tokens(records: list[StepRecord], bytes_per_token: int) -> go.Figur
 
 
 def head_variants(cfg: ModelConfig) -> go.Figure:
-    """KiB per token for MHA / GQA / MQA at the same query-head count, at fp32 and bf16/fp16."""
+    """KiB per token for MHA / GQA / MQA / MLA at the same query-head count, at fp32 and bf16/fp16."""
     fig = go.Figure()
     variants = attention_variants(cfg)
     for label, nbytes, color in (("fp32 (CPU path)", 4, "#4D4D4D"), ("bf16 / fp16", 2, ACCENT)):
-        vals = [kv_bytes_per_token(cfg, nbytes, v.kv_heads) / 1024 for v in variants]
+        vals = [variant_bytes_per_token(cfg, v, nbytes) / 1024 for v in variants]
         fig.add_bar(
-            x=[f"{v.name}<br><sub>{v.kv_heads} KV head{'s' if v.kv_heads > 1 else ''}</sub>" for v in variants],
+            x=[f"{v.name}<br><sub>{v.short}</sub>" for v in variants],
             y=vals, name=label, marker_color=color, text=[f"{x:.1f} KiB" for x in vals], textposition="outside",
             hovertemplate="%{x}: %{y:.2f} KiB per token<extra>%{fullData.name}</extra>",
         )
@@ -100,8 +101,8 @@ def long_context(cfg: ModelConfig, contexts: list[int], batch: int, dtype: str) 
     labels = [f"{c // 1024}k tokens" for c in contexts]
     fig = go.Figure()
     for v in attention_variants(cfg):
-        vals = [kv_cache_bytes(cfg, nbytes, c, batch, v.kv_heads) / GIB for c in contexts]
-        fig.add_bar(x=labels, y=vals, name=f"{v.name} ({v.kv_heads} KV)", marker_color=VARIANT_COLORS[v.name],
+        vals = [variant_bytes_per_token(cfg, v, nbytes) * c * batch / GIB for c in contexts]
+        fig.add_bar(x=labels, y=vals, name=f"{v.name} ({v.short})", marker_color=VARIANT_COLORS[v.name],
                     text=[f"{x:,.1f}" if x >= 1 else f"{x:.2f}" for x in vals], textposition="outside",
                     hovertemplate="%{x}, batch " + str(batch) + ": %{y:.2f} GiB<extra>%{fullData.name}</extra>")
     w = weights_bytes(cfg, nbytes) / GIB

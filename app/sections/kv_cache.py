@@ -8,7 +8,8 @@ from engine.config import ModelConfig
 from engine.trace import StepRecord
 
 from app.analysis.cache_timing import measure_cache_vs_recompute
-from app.analysis.kv_math import DTYPE_BYTES, attention_variants, human_bytes, kv_bytes_per_token, kv_cache_bytes
+from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, human_bytes, kv_bytes_per_token, mla_latent_dims,
+                                  variant_bytes_per_token)
 from app.charts.kv_cache import bytes_vs_tokens, cache_timing, head_variants, kv_growth, long_context
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
@@ -77,9 +78,11 @@ def growth_section(session: EngineSession, record: StepRecord | None, history: l
 
 
 def variants_section(cfg: ModelConfig) -> None:
-    st.subheader("MHA vs GQA vs MQA, and long contexts")
-    st.markdown(f"Same model, same {cfg.num_heads} query heads: only the number of KV heads changes. "
-                "The actual model uses GQA.")
+    st.subheader("MHA vs GQA vs MQA vs MLA, and long contexts")
+    d_c, d_r = mla_latent_dims(cfg)
+    st.markdown(f"Same model, same {cfg.num_heads} query heads: only what the cache keeps changes, K and V for "
+                f"every KV head or (MLA) one latent of {d_c} numbers plus a {d_r}-number rotary key shared by all "
+                "heads, at DeepSeek-V3's proportions. The actual model uses GQA.")
     left, right = st.columns(2)
     with left:
         show_figure(head_variants(cfg), key="kv-variants", height=400, export_width=800)
@@ -91,8 +94,8 @@ def variants_section(cfg: ModelConfig) -> None:
     rows = []
     for v in attention_variants(cfg):
         for ctx in CONTEXTS:
-            rows.append({"variant": v.name, "KV heads": v.kv_heads, "context": f"{ctx // 1024}k",
-                         **{f"batch {bsz}": human_bytes(kv_cache_bytes(cfg, DTYPE_BYTES[dtype], ctx, bsz, v.kv_heads))
+            rows.append({"variant": v.name, "cached per token and layer": v.short, "context": f"{ctx // 1024}k",
+                         **{f"batch {bsz}": human_bytes(variant_bytes_per_token(cfg, v, DTYPE_BYTES[dtype]) * ctx * bsz)
                             for bsz in (1, 8, 32, 128)}})
     with st.expander(f"Sizing table at {dtype}"):
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")

@@ -7,9 +7,10 @@ import streamlit as st
 
 
 def explanation(title: str, formulas: Sequence[str], look_for: Sequence[str], note: str = "",
-                expanded: bool = True) -> None:
+                expanded: bool = True, name: str = "") -> None:
     """Always shown in full (`expanded` is accepted for older callers and ignored): the formula is
-    the point of a page, so it should be on screen, not behind a click."""
+    the point of a page, so it should be on screen, not behind a click. A page with a second panel gives it a
+    `name` (Streamlit keys are unique per page)."""
     with st.container(border=True):
         left, right = st.columns([1, 1.15], gap="large")
         with left:
@@ -18,7 +19,7 @@ def explanation(title: str, formulas: Sequence[str], look_for: Sequence[str], no
             # top-level relation or operator, so a formula wraps in a narrow column (a 1280-pixel projector,
             # a half-width window) instead of being cut off at the column's edge; display-mode formulas
             # never break. The container's key lets app/presentation.py space the formulas.
-            with st.container(key="explain-formulas"):
+            with st.container(key=f"explain-formulas-{name}" if name else "explain-formulas"):
                 for f in formulas:
                     st.markdown(f"$\\displaystyle {f}$")
             if note:

@@ -10,6 +10,7 @@ from engine.parallel.generate import Generation, generate
 from engine.parallel.pipeline import Placed, PipelineRun, PipelineSummary, run_pipeline, schedule, summarize
 from engine.parallel.plan import check_degrees
 from engine.parallel.tensor_parallel import TensorParallelModel
+from engine.prompt_checks import check_new_tokens, check_prompt
 from engine.weights import LoadedWeights
 
 MAX_PROMPT_CHARS = 2000
@@ -42,12 +43,8 @@ class ParallelSettings:
 
     def check(self, cfg: ModelConfig) -> None:
         """ValueError with a message the page shows as is."""
-        if not self.prompt.strip():
-            raise ValueError("the prompt is empty: type something for the model to answer")
-        if len(self.prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} here")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"tokens to generate must be 1 to {MAX_NEW_TOKENS}")
+        check_prompt(self.prompt, MAX_PROMPT_CHARS)
+        check_new_tokens(self.max_new_tokens, MAX_NEW_TOKENS)
         if not 1 <= self.micro_batches <= MAX_MICRO_BATCHES:
             raise ValueError(f"requests in the pipeline must be 1 to {MAX_MICRO_BATCHES}")
         if not 1 <= self.pipeline_tokens <= MAX_PIPELINE_TOKENS:

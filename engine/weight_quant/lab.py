@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.kv_compression.lab import first_difference
 from engine.model import release_prepared
+from engine.prompt_checks import check_new_tokens, check_prompt
 from engine.sampling_params import SamplingParams
 from engine.state_memo import StateDictMemo
 from engine.weight_quant.awq import awq_quantize
@@ -60,12 +61,8 @@ def check_run_inputs(calibration_tokens: int, prompt: str, max_new_tokens: int, 
     the page shows as is."""
     if not WINDOW <= calibration_tokens <= max_calibration_tokens or calibration_tokens % WINDOW:
         raise ValueError(f"calibration tokens must be a multiple of {WINDOW} from {WINDOW} to {max_calibration_tokens}")
-    if not prompt.strip():
-        raise ValueError("the prompt is empty: type something for the models to answer")
-    if len(prompt) > max_prompt_chars:
-        raise ValueError(f"the prompt is {len(prompt)} characters; at most {max_prompt_chars} here")
-    if not 1 <= max_new_tokens <= max_new:
-        raise ValueError(f"tokens to generate must be 1 to {max_new}")
+    check_prompt(prompt, max_prompt_chars, answered_by="the models")
+    check_new_tokens(max_new_tokens, max_new)
 
 
 @dataclass(frozen=True, slots=True)

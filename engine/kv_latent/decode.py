@@ -1,0 +1,108 @@
+"""Greedy decoding whose cache holds only the latent: one [tokens, r] tensor per layer instead of K and V.
+
+Each step computes the new token's latent c = down · x and appends it; attention then rebuilds every cached
+token's K (then RoPE at its position) and V from the latents. That rebuild is the price of this retrofit: RoPE
+sits between the latent and the score, so up_k cannot be folded into the query projection. DeepSeek's MLA avoids
+it by keeping RoPE out of the latent (a separate 64-wide rotary key, shared by all heads) and absorbing up_k into
+W_q and up_v into W_o, so attention runs on the latents directly.
+
+A plain loop over the layers in fp32, not the paged engine: what it shows is the cache's contents and size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.kv_latent.factor import LatentLayer
+from engine.model import apply_rope
+from engine.weight_quant.dense import embed, rope_tables, weight_key
+from kernels.rmsnorm_ref import rmsnorm_ref
+
+
+@dataclass(frozen=True, slots=True)
+class LatentRun:
+    tokens: tuple[int, ...]  # generated, end-of-turn dropped
+    cache_numbers_per_token: int  # summed over layers
+    cache_bytes: int  # the latent tensors' bytes at the end (fp32 here)
+    rebuild_flops: int  # multiply-adds x 2 spent rebuilding K and V from latents, all steps (0 when up only copies)
+
+
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return rmsnorm_ref(x, w, eps)[0]
+
+
+class LatentCacheModel:
+    """The model with its K and V projections replaced by `layers`' factors and a latent cache."""
+
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], layers: list[LatentLayer], max_len: int):
+        if len(layers) != cfg.num_layers:
+            raise ValueError(f"{len(layers)} factored layers for a {cfg.num_layers}-layer model")
+        self.cfg, self.sd, self.layers = cfg, sd, layers
+        self.cos, self.sin = rope_tables(cfg, max_len)
+        self.max_len = max_len
+        self.cache: list[torch.Tensor] = [torch.empty(0, f.rank) for f in layers]
+        self.rebuild_flops = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache[0].shape[0]
+
+    def _layer(self, i: int, h: torch.Tensor, past: int) -> torch.Tensor:
+        cfg, f, p = self.cfg, self.layers[i], f"model.layers.{i}."
+        W = lambda name: self.sd[weight_key(i, name)]  # noqa: E731
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        n = h.shape[0]
+        x = _norm(h, self.sd[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        self.cache[i] = torch.cat([self.cache[i], x @ f.down.T])  # the only thing this layer keeps
+        total = self.cache[i].shape[0]
+        k = (self.cache[i] @ f.up_k.T).reshape(total, hk, d)
+        v = (self.cache[i] @ f.up_v.T).reshape(total, hk, d)
+        if not f.copies_only:
+            self.rebuild_flops += 2 * total * f.rank * 2 * hk * d
+        k = apply_rope(k, self.cos[:total], self.sin[:total])
+        q = apply_rope((x @ W("self_attn.q_proj").T).reshape(n, hq, d), self.cos[past:total], self.sin[past:total])
+        # New queries see every cached token and the new ones up to themselves.
+        mask = torch.ones(n, total, dtype=torch.bool).tril(diagonal=past)
+        a = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                           enable_gqa=True, scale=d ** -0.5)
+        h = h + a.transpose(0, 1).reshape(n, hq * d) @ W("self_attn.o_proj").T
+        x = _norm(h, self.sd[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        y = F.silu(x @ W("mlp.gate_proj").T) * (x @ W("mlp.up_proj").T)
+        return h + y @ W("mlp.down_proj").T
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        """Run new tokens after what is cached; the last one's next-token logits [vocab]."""
+        if self.length + len(token_ids) > self.max_len:
+            raise ValueError(f"{self.length + len(token_ids)} tokens exceed this model's {self.max_len}")
+        h = embed(self.sd, torch.tensor(token_ids)).float()
+        past = self.length
+        for i in range(self.cfg.num_layers):
+            h = self._layer(i, h, past)
+        h = _norm(h[-1:], self.sd["model.norm.weight"], self.cfg.rms_norm_eps)
+        head = self.sd.get("lm_head.weight", self.sd["model.embed_tokens.weight"])
+        return (h @ head.T)[0]
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.cache)
+
+
+def latent_greedy(cfg: ModelConfig, sd: dict[str, torch.Tensor], layers: list[LatentLayer], prompt: list[int],
+                  max_new_tokens: int, eos: tuple[int, ...]) -> LatentRun:
+    """The prompt's greedy answer with a latent cache: one prefill, then one token per step."""
+    model = LatentCacheModel(cfg, sd, layers, len(prompt) + max_new_tokens)
+    logits = model.forward(prompt)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        t = int(logits.argmax())
+        if t in eos:
+            break
+        out.append(t)
+        if len(out) == max_new_tokens:
+            break
+        logits = model.forward([t])
+    return LatentRun(tuple(out), sum(f.rank for f in layers), model.cache_bytes, model.rebuild_flops)

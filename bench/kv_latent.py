@@ -46,7 +46,7 @@ def main() -> None:
         rows.append({"kind": p.kind, "rank": p.rank, "kept_energy": None if not kept else p.kept_energy,
                      **{f"{d}_{k}": getattr(v, k) for d, v in p.scores.items() for k in ("kl", "top1", "nll")}})
     for a in r.answers:
-        print(f"{a.label}: {a.run.cache_bytes:,} cache bytes, {a.run.rebuild_flops / 1e9:.2f} GFLOP rebuilding, "
+        print(f"{a.label}: {a.run.cache_bytes:,} cache bytes, {a.run.rebuild_flops / 1e9:.2f} GFLOP rebuilding K, "
               f"differs at {a.differs_at}: {a.text[:70]!r}")
     write_results(args.out, {
         "weights": weights.source, "settings": dataclasses.asdict(r.settings), "full_rank": r.full_rank,

@@ -432,7 +432,7 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     charts = page.locator('[data-testid="stPlotlyChart"]')
     before = charts.count()
     click_button(page, "Factor, score and answer")
-    page.wait_for_selector('[data-testid="stMetric"]:has-text("Cached per token and layer")')
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("Numbers cached per token and layer")')
     settle_charts(page)
     assert_clean(page)
     assert page.locator(".kvl-row").count() == 3

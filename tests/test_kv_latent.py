@@ -11,12 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.act_quant.lab import dense_greedy
 from engine.kv_latent.decode import LatentCacheModel, latent_greedy
 from engine.kv_latent.factor import (decompose, equivalent_state, identity_layer, input_covariance, kept_energy,
                                      kv_weight, mean_pooled_layer)
 from engine.kv_latent.lab import RANKS, LatentSettings, full_rank, run_latent_lab
-from engine.weight_quant.dense import weight_key
+from engine.weight_quant.dense import sequence_logits, weight_key
 from engine.weight_quant.lab import fp32_state, greedy_answers
 
 from app.analysis.kv_math import PUBLISHED_CACHES, attention_variants, mla_latent_dims, variant_bytes_per_token
@@ -78,6 +77,19 @@ def test_latent_decoder_holds_only_the_latent(tiny_weights) -> None:  # noqa: AN
         model.forward(list(range(40)))
 
 
+def test_absorbing_up_v_is_the_same_attention_for_less(tiny_weights) -> None:  # noqa: ANN001
+    """Σ p_t (up_v c_t) = up_v (Σ p_t c_t): averaging the latents and applying up_v after gives the same logits
+    as rebuilding V, and the rebuild FLOPs halve (only K is rebuilt)."""
+    cfg, sd = tiny_weights.config, tiny_weights.state_dict
+    x = torch.randn(128, cfg.hidden_size)
+    layers = [decompose(kv_weight(cfg, sd, i), input_covariance(x)).truncate(24) for i in range(cfg.num_layers)]
+    models = [LatentCacheModel(cfg, sd, layers, 16, absorb_v=a) for a in (True, False)]
+    for ids in ([3, 14, 15, 92, 65], [35], [89]):
+        absorbed, rebuilt = (m.forward(ids) for m in models)
+        assert torch.allclose(absorbed, rebuilt, rtol=1e-4, atol=1e-4)
+    assert 2 * models[0].rebuild_flops == models[1].rebuild_flops > 0
+
+
 def test_full_rank_latent_decoder_is_the_engine(real_weights) -> None:  # noqa: ANN001
     """The 'latent' that is K and V themselves: the same greedy answer as the paged engine, and the cache the
     engine's size (384 numbers a token and layer)."""
@@ -90,16 +102,24 @@ def test_full_rank_latent_decoder_is_the_engine(real_weights) -> None:  # noqa: 
     assert run.rebuild_flops == 0  # its "up" only copies K and V
 
 
-def test_low_rank_latent_decoder_writes_what_the_factored_dense_model_writes(real_weights) -> None:  # noqa: ANN001
+def test_low_rank_latent_decoder_computes_what_the_factored_dense_model_computes(real_weights) -> None:  # noqa: ANN001
+    """Fed the same tokens, the decoder with a rank-192 latent cache gives, at every step, the logits the dense model
+    with W_k, W_v = up_k·down, up_v·down gives for the whole sequence at once (compared as logits: a greedy
+    argmax could flip on a near-tie between two fp32 summation orders)."""
     cfg, sd = real_weights.config, fp32_state(real_weights)
     prompt = real_weights.tokenizer.chat_prompt_ids("What is a prime number?")
     x = torch.randn(512, cfg.hidden_size)
     layers = [decompose(kv_weight(cfg, sd, i), input_covariance(x)).truncate(192) for i in range(cfg.num_layers)]
-    run = latent_greedy(cfg, sd, layers, prompt, 12, cfg.eos_token_ids)
-    dense = dataclasses.replace(real_weights, state_dict=equivalent_state(cfg, sd, layers))
-    assert list(run.tokens) == dense_greedy(dense, prompt, 12)[:len(run.tokens)]
-    assert run.cache_bytes == cfg.num_layers * 192 * (len(prompt) + len(run.tokens) - 1) * 4
-    assert run.rebuild_flops > 0
+    run = latent_greedy(cfg, sd, layers, prompt, 8, cfg.eos_token_ids)
+    seq = prompt + list(run.tokens)
+    dense = sequence_logits(cfg, equivalent_state(cfg, sd, layers), seq)
+    model = LatentCacheModel(cfg, sd, layers, len(seq))
+    steps = [model.forward(prompt)] + [model.forward([t]) for t in run.tokens]
+    for n, logits in enumerate(steps):
+        assert torch.allclose(logits, dense[len(prompt) - 1 + n], rtol=1e-3, atol=1e-3)
+    assert model.cache_bytes == cfg.num_layers * 192 * len(seq) * 4
+    fed = len(seq) - (len(run.tokens) == 8)  # the last token is not run when the answer hits the limit
+    assert run.cache_bytes == cfg.num_layers * 192 * fed * 4 and run.rebuild_flops > 0
 
 
 def test_on_the_real_model_aware_beats_plain_and_a_latent_beats_mqa(real_weights) -> None:  # noqa: ANN001
@@ -144,3 +164,16 @@ def test_kv_arithmetic_has_mla(random_weights) -> None:  # noqa: ANN001
     assert variants["MLA"].kv_heads is None and variants["MLA"].short == "latent of 288"
     v3 = next(m for m in PUBLISHED_CACHES if m.kind == "MLA")
     assert v3.bytes_per_token(2) == 61 * 576 * 2 == 70_272
+
+
+def test_the_lab_runs_from_bf16_weights(tiny_weights) -> None:  # noqa: ANN001
+    """A GPU server holds the weights in bf16 (on the GPU): the lab factors and scores in fp32 on the CPU all the
+    same (the activation lab once failed there by reading the server's bf16 weights)."""
+    from engine.weights import LoadedWeights
+    half = LoadedWeights(tiny_weights.config, {k: v.to(torch.bfloat16) for k, v in tiny_weights.state_dict.items()},
+                         "tiny, bf16", tiny_weights.tokenizer)
+    r = run_latent_lab(half, LatentSettings(max_new_tokens=3, answer_rank=16), ranks=(16,))
+    assert {(p.kind, p.rank) for p in r.points} == {("full", 64), ("plain", 16), ("aware", 16), ("plain", 32),
+                                                    ("aware", 32), ("mqa", 32)}
+    assert r.point("full", 64).scores["chat"].kl == pytest.approx(0, abs=1e-9)
+    assert r.answers[0].differs_at is None and len(r.answers[1].run.tokens) <= 3

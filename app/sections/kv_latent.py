@@ -125,15 +125,17 @@ def latent_lab_section(page: str) -> None:
                     "the activations (the outliers the quantization pages meet). Weighted by what the text really "
                     "feeds in, the K and V the model produces are close to low-rank (green): that is the part "
                     "worth keeping, and MLA trains its latent to be exactly that.")
-        st.markdown("**The price of this retrofit at decode.** RoPE is applied after the rebuild, so every step "
-                    "multiplies every cached latent by up again; a trained MLA absorbs up into the query and "
-                    "output projections and keeps RoPE in a separate small key instead.")
+        st.markdown("**Absorbed and rebuilt.** V is absorbed here as in MLA: attention averages the cached "
+                    "latents with its weights and each head applies up_v once to the average, so V is never rebuilt. "
+                    "K is rebuilt for every cached token at every step, because RoPE rotates it by its position "
+                    "after up_k; a trained MLA keeps RoPE in a separate small key so that up_k folds into the query "
+                    "projection too.")
     with st.expander("Every cache layout scored"):
         st.dataframe(_points_frame(result), hide_index=True, width="stretch")
     st.caption(f"Calibration: 1,024 tokens of the chat text the weight and activation pages use; scored on "
                f"{plural(result.points[0].scores['chat'].tokens, 'chat token')} and "
                f"{plural(result.points[0].scores['prose'].tokens, 'prose token')} the model did not calibrate on. "
-               f"The latent decoder is a plain fp32 loop over the layers, not the paged engine. Run took "
+               f"The latent decoder is a plain fp32 loop over the layers on the CPU, not the paged engine. Run took "
                f"{fmt_duration(result.seconds)}.")
 
 
@@ -142,22 +144,23 @@ def _answers(result: LatentLabResult) -> None:
     full, chosen, mqa = result.answers
     c = st.columns(4)
     per = chosen.run.cache_numbers_per_token // result.layers
-    c[0].metric("Cached per token and layer", f"{per} numbers", f"{per / result.full_rank - 1:+.0%} vs GQA",
+    c[0].metric("Numbers cached per token and layer", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
                 delta_color="inverse", help="what the latent decoder's cache tensors hold for each token")
     c[1].metric("Per token at bf16", human_bytes(chosen.run.cache_numbers_per_token * BF16),
                 help=f"GQA as trained: {human_bytes(full.run.cache_numbers_per_token * BF16)}")
     c[2].metric("Cache tensors after the answer", human_bytes(chosen.run.cache_bytes),
                 help="measured: the bytes of the latent decoder's cache tensors (fp32 here) once the answer is "
                      f"written; the model as trained held {human_bytes(full.run.cache_bytes)} for its answer")
-    c[3].metric("Rebuilding K and V", f"{chosen.run.rebuild_flops / 1e9:.2f} GFLOP",
-                help="every step multiplies every cached latent by up again (RoPE prevents absorbing it): "
-                     "the total over this answer")
+    c[3].metric("Rebuilding K from latents", f"{chosen.run.rebuild_flops / 1e9:.2f} GFLOP",
+                help="every step multiplies every cached latent by up_k again (RoPE sits between it and the score, "
+                     "so it cannot be absorbed): the total over this answer. V is never rebuilt: attention averages "
+                     "the latents and up_v is applied once per head to the average.")
     colors = [KIND_COLORS["full"], KIND_COLORS[result.settings.answer_method], KIND_COLORS["mqa"]]
     answer_rows([(a.label, color, a.run.tokens) for a, color in zip(result.answers, colors)], full.run.tokens,
                 decode, "kvl")
     words = []
     for a in (chosen, mqa):
-        words.append(f"{a.label}: " + ("the same answer" if a.differs_at is None
+        words.append(f"{a.label[:1].upper()}{a.label[1:]}: " + ("the same answer" if a.differs_at is None
                                        else f"leaves the trained model's answer at token {a.differs_at + 1}"))
     st.caption("Greedy, from the prompt in ChatML. Plain text matches the model as trained (its cache rebuilt "
                "from K and V themselves); the highlighted rest is where an answer leaves it. " + "; ".join(words) + ".")

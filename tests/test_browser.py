@@ -444,6 +444,17 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     assert_metrics_fit(page)
     assert_buttons_fit(page)
     shoot(page, "01_kv_cache_latent")
+    # On a projector in presentation mode (larger type), the run stays and everything still fits.
+    page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
+                 has_text="Presentation mode").first.click()
+    wait_idle(page)
+    assert_clean(page)
+    assert page.locator(".kvl-row").count() == 3
+    assert_formulas_fit(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    assert_chart_text_apart(page)
+    shoot(page, "01_kv_cache_latent_presentation")
 
 
 def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001

@@ -70,7 +70,8 @@ def tradeoff_figure(result: LatentLabResult, domain: str) -> go.Figure:
     fig.update_yaxes(range=[0, 105], ticksuffix=" %", row=1, col=2)
     fig.update_layout(title=dict(text=f"Smaller cache, further from the model ({domain} text)", subtitle=dict(
         text="each point is the whole model with that cache layout in every layer, scored on held-out text")),
-        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=110, b=110))
+        # A taller top than the template's: the subtitle and the subplot titles stay apart in presentation mode.
+        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=150, b=110))
     return fig
 
 
@@ -89,8 +90,9 @@ def spectrum_figure(result: LatentLabResult) -> go.Figure:
                         hovertemplate="rank %{x}: %{y:.1f} % (median layer)<extra></extra>")
     rank = result.settings.answer_rank
     fig.add_vline(x=rank, line=dict(color=ACCENT, dash="dash", width=1.5))
-    fig.add_annotation(x=rank, y=1.0, yref="paper", yanchor="bottom", text=f"rank {rank}", showarrow=False,
-                       font=dict(color=ACCENT))
+    # Inside the plot at the bottom (the curves are high there): above it the subtitle sits.
+    fig.add_annotation(x=rank, y=0.04, yref="paper", xanchor="left", yanchor="bottom", xshift=4,
+                       text=f"rank {rank}", showarrow=False, font=dict(color=ACCENT))
     fig.update_layout(
         title=dict(text="How much a rank-r latent keeps", subtitle=dict(
             text=f"squared singular values kept · line: median layer · band: all {result.layers}")),

@@ -75,7 +75,8 @@ PAGES: tuple[PageSpec, ...] = (
              ":material/splitscreen:", "pages/09_chunked_prefill.py", "chunked-prefill"),
     PageSpec("Speculative decoding", "Scheduling and decoding",
              "Draft, verify, accept with min(1, p/q): every round's drafts, p, q and uniform draws, the rolled-back "
-             "KV slots, the closed form vs measured acceptance, and prompt lookup vs early exit vs plain decoding.",
+             "KV slots, the closed form vs measured acceptance, prompt lookup vs early exit vs plain decoding, and "
+             "self-speculation from a low-bit copy of the model's own KV cache (QuantSpec).",
              ":material/fast_forward:", "pages/07_speculative_decoding.py", "speculative-decoding"),
     PageSpec("Medusa and EAGLE", "Scheduling and decoding",
              "Heads on the model's own hidden states draft a tree; one pass with a tree attention mask verifies "

@@ -137,3 +137,20 @@ def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str,
         bar.empty()
     cache.update(key=key, result=result)
     return result
+
+
+def mark_requested(key: str) -> None:
+    """A section's form was submitted: from now on `run_on_request(key, ...)` runs (or shows) its result."""
+    st.session_state[f"{key}-started"] = True
+
+
+def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T], start_text: str, failed: str,
+                   waiting: str) -> T | None:
+    """`page_run` for a section that runs only when asked (a lab below a page's live engine, too slow to run on
+    every visit): until its form was submitted in this tab (`mark_requested`) and with nothing cached, `waiting` as
+    a caption saying what the button does, and None."""
+    if not st.session_state.get(f"{key}-started") and page_cache(key).get("result") is None:
+        st.caption(waiting)
+        return None
+    return page_run(key, settings, run, start_text, failed)
+

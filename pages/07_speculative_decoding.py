@@ -1,7 +1,9 @@
-"""Speculative decoding (seed chapter 07): a drafter proposes γ tokens, the target verifies them in one pass."""
+"""Speculative decoding (seed chapter 07): a drafter proposes γ tokens, the target verifies them in one pass; and
+self-speculation with a quantized KV cache (QuantSpec), the model drafting for itself."""
 from app.scenario_library import SPECULATIVE
 from app.sections.speculative import (bench_section, closed_form_section, compare_section, spec_controls,
                                       speculative_explanation, step_section)
+from app.sections.quantspec import quantspec_section
 from app.state import get_session
 from app.widgets.controls import engine_controls
 from app.widgets.header import page_header, show_errors
@@ -27,3 +29,4 @@ closed_form_section(session, history, PAGE)
 bench_section()
 kernel_timing_panel(record, PAGE)
 compare_section(session, PAGE)
+quantspec_section(PAGE)

@@ -457,6 +457,27 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     shoot(page, "01_kv_cache_latent_presentation")
 
 
+def test_speculative_self_spec_section(server, page) -> None:  # noqa: ANN001
+    """QuantSpec on the speculative page, on a projector: the model drafting for itself from a low-bit copy of its
+    cache in four formats (about 15 s here), every format's text the target's own, the rounds and the model."""
+    page.set_viewport_size(PROJECTOR)
+    open_page(page, server, "speculative-decoding")
+    charts = page.locator('[data-testid="stPlotlyChart"]')
+    before = charts.count()
+    click_button(page, "Self-speculate with every cache format")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("Same text as the target alone")')
+    settle_charts(page)
+    assert_clean(page)
+    assert page.locator('[data-testid="stMetric"]', has_text="Same text as the target alone").inner_text().endswith("yes")
+    assert charts.count() == before + 2 and plotly_count(page) >= 1
+    assert page.locator('[data-testid="stPlotlyChart"]', has_text="Every round: INT4").count() == 1
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    assert_buttons_fit(page)
+    shoot(page, "07_speculative_self_spec")
+
+
 def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     open_page(page, server, "continuous-batching")
     click_button(page, "Run to end")

@@ -12,7 +12,7 @@ from app.analysis.kv_math import PUBLISHED_CACHES, human_bytes
 from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure, tradeoff_figure
 from app.formatting import fmt_duration, plural
 from app.runtime import shared_weights
-from app.state import page_cache, page_run, page_settings, progress_reporter, submitted_settings
+from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -84,7 +84,7 @@ def _settings_form(page: str) -> LatentSettings:
         submitted = st.form_submit_button("Factor, score and answer", icon=":material/play_arrow:", type="primary")
     candidate = None
     if submitted:
-        st.session_state[f"{lab}-started"] = True
+        mark_requested(lab)
         candidate = LatentSettings(prompt=str(prompt), max_new_tokens=int(new_tokens), answer_rank=int(rank),
                                    answer_method=method)
     return submitted_settings(lab, candidate)
@@ -99,15 +99,14 @@ def latent_lab_section(page: str) -> None:
                 "from it. *Plain* SVD keeps as much of the weights as it can; *activation-aware* SVD keeps as much of "
                 "the K and V the model actually produces on calibration text, which is what attention reads.")
     settings = _settings_form(page)
-    if not st.session_state.get(f"{lab}-started") and page_cache(lab).get("result") is None:
-        st.caption("Press **Factor, score and answer** (about 30 s on an idle 2-core CPU the first time: the full "
-                   "model writes its calibration and evaluation text once, then every latent size is scored).")
-        return
 
     def run(bar) -> LatentLabResult:  # noqa: ANN001 (a Streamlit progress bar)
         return run_latent_lab(shared_weights(), settings, progress_reporter(bar))
 
-    result = page_run(lab, settings, run, "Factoring and scoring…", "The latent-cache run failed")
+    result = run_on_request(lab, settings, run, "Factoring and scoring…", "The latent-cache run failed",
+                            "Press **Factor, score and answer** (about 30 s on an idle 2-core CPU the first time: the "
+                            "full model writes its calibration and evaluation text once, then every latent size is "
+                            "scored).")
     if result is None:
         return
     _answers(result)

@@ -178,6 +178,15 @@ class _RowCache:
             self.positions[i] = torch.gather(self.positions[i], 1, idx)
             self.scores[i] = torch.gather(self.scores[i], 1, idx)
 
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` cached tokens of every layer (speculation's rollback; per-token formats only)."""
+        for i in range(len(self.k)):
+            idx = torch.arange(n, device=self.device).expand(self.positions[i].shape[0], n)
+            self.k[i].keep(idx)
+            self.v[i].keep(idx)
+            self.positions[i] = self.positions[i][:, :n]
+            self.scores[i] = self.scores[i][:, :n]
+
     def clone(self) -> "_RowCache":
         """A copy with its own stores (the forced and free rows start from the same compressed prompt)."""
         twin = _RowCache.__new__(_RowCache)
@@ -271,9 +280,10 @@ class KVLab:
         return out.permute(2, 0, 1, 3).reshape(t, hkv * g, d), (p.mean(dim=(0, 1))[-1] if want_probs else None)
 
     def _forward(self, rows: list[_Row], ids: torch.Tensor, positions: torch.Tensor,
-                 probe: _Row | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """ids [R, t] (one line per row), positions [t]: logits [R, vocab] at each row's last position, and
-        the probe row's last-query attention per layer (head mean)."""
+                 probe: _Row | None = None, all_positions: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids [R, t] (one line per row), positions [t]: logits [R, vocab] at each row's last position ([R, t,
+        vocab] at every position with `all_positions`: a verification pass), and the probe row's last-query
+        attention per layer (head mean)."""
         cfg, m, K = self.cfg, self.model, self.kernels
         r, t = ids.shape
         hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -300,6 +310,8 @@ class KVLab:
             x, residual = K.rmsnorm(o, L["mlp_norm"], cfg.rms_norm_eps, residual)
             h = K.linear("linear.down", K.silu_mul(K.linear("linear.gate_up", x, L["gate_up"])), L["down"])
         final, _ = K.rmsnorm(h, m.final_norm, cfg.rms_norm_eps, residual)
+        if all_positions:
+            return m.logits(final).reshape(r, t, -1), probed
         last = final.reshape(r, t, -1)[:, -1]
         return m.logits(last), probed
 

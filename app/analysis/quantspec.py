@@ -1,0 +1,72 @@
+"""What self-speculation with a quantized KV cache would save, from a measured run and the bytes a step reads.
+
+A decode step at batch 1 is memory-bound: it takes about (weights + KV cache) / bandwidth. The draft reads the same
+weights (16-bit here; 4-bit in QuantSpec, which quantizes them too) and the cache in its low-bit format; the
+verification pass reads what a target step reads (γ + 1 tokens are still memory-bound). So with c the draft step's
+bytes over the target step's, a run of T tokens in R rounds costs Σ_rounds (γ_r · c + 1) target steps against T
+for plain decoding. The acceptance is the run's, measured; the bytes are arithmetic; the context is a slider
+(the measured run's context is short, where weights dominate and c is near 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from engine.config import ModelConfig
+from engine.kv_compression.formats import FORMATS
+from engine.speculative.quantspec import SelfSpecLabResult, SelfSpecRun
+
+from app.analysis.kv_math import weights_bytes
+
+CONTEXTS = (1024, 4096, 16384, 32768, 65536, 131072)
+TARGET_BYTES = 2  # the target as a GPU serves it: bf16 weights and bf16 KV
+
+
+@dataclass(frozen=True, slots=True)
+class StepBytes:
+    weights: float
+    kv: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv
+
+
+def target_step(cfg: ModelConfig, context: int) -> StepBytes:
+    return StepBytes(weights_bytes(cfg, TARGET_BYTES), cfg.kv_bytes_per_token(TARGET_BYTES) * context)
+
+
+def draft_step(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> StepBytes:
+    """The draft's bytes: its weights at `weight_bits`, its cache at the run's measured bytes per token (the stored
+    format's codes, scales and zero points, whatever precision the lab's reference runs in)."""
+    return StepBytes(weights_bytes(cfg, TARGET_BYTES) * weight_bits / 16, run.draft_bytes_per_token * context)
+
+
+def cost_ratio(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> float:
+    return draft_step(cfg, context, run, weight_bits).total / target_step(cfg, context).total
+
+
+def modeled_speedup(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> float:
+    """Plain decoding's target steps over self-speculation's (Σ γ_r c + 1), for the run's rounds."""
+    c = cost_ratio(cfg, context, run, weight_bits)
+    tokens = sum(len(r.committed) for r in run.rounds)
+    return tokens / sum(len(r.drafted) * c + 1 for r in run.rounds) if run.rounds else 1.0
+
+
+def speedup_frame(cfg: ModelConfig, result: SelfSpecLabResult) -> pd.DataFrame:
+    rows = [{"format": r.kv_format, "label": FORMATS[r.kv_format].label, "context": ctx, "weights": bits,
+             "cost ratio": cost_ratio(cfg, ctx, r, bits), "speedup": modeled_speedup(cfg, ctx, r, bits)}
+            for r in result.runs for ctx in CONTEXTS for bits in (16, 4)]
+    return pd.DataFrame(rows)
+
+
+def runs_frame(result: SelfSpecLabResult) -> pd.DataFrame:
+    rows = []
+    for r in result.runs:
+        rows.append({"draft's cache": FORMATS[r.kv_format].label, "bytes a token": round(r.draft_bytes_per_token),
+                     "drafted": r.drafted, "accepted": r.accepted, "acceptance": f"{r.acceptance:.0%}",
+                     "target passes": len(r.rounds), "tokens a pass": round(r.tokens_per_pass, 2),
+                     "same text": "yes" if r.tokens == result.plain else "NO",
+                     "time": f"{r.seconds:.1f} s"})
+    return pd.DataFrame(rows)

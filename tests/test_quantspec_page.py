@@ -1,0 +1,55 @@
+"""The speculative page's self-speculation section under AppTest (random weights, CPU): nothing runs until asked,
+then every format's run, a redraw that does not run again, bad input as a message above the last results, and a
+failing run that leaves the page up."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import app.sections.quantspec as section
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+
+PAGE, LAB = "07_speculative_decoding.py", "spec-qs"
+SUBMIT = f"FormSubmitter:{LAB}-form-Self-speculate with every cache format"
+TITLE = "Self-speculation with a quantized KV cache (QuantSpec)"
+
+
+def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppTest,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    assert TITLE in [s.value for s in at.subheader]
+    assert any("Self-speculate with every cache format" in c.value for c in at.caption)
+    charts = len(at.get("plotly_chart"))
+    at.number_input(key=f"{LAB}-tokens").set_value(6)
+    at.number_input(key=f"{LAB}-gamma").set_value(3)
+    at.button(key=SUBMIT).click().run()
+    assert_clean(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Same text as the target alone"] == "yes"
+    assert len(at.get("plotly_chart")) == charts + 2
+    table = at.dataframe[-1].value
+    assert len(table) == 4 and list(table["same text"]) == ["yes"] * 4
+
+    monkeypatch.setattr(section, "run_self_spec_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    at.radio(key=f"{LAB}-shown").set_value("int2").run()
+    assert_clean(at)
+
+    at.text_input(key=f"{LAB}-prompt").set_value(" ")
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer. "
+                                           "The results below are the last run's."]
+    assert "Same text as the target alone" in [m.label for m in at.metric]
+
+
+def test_a_failing_run_is_a_message(random_app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the cache store is gone")
+
+    monkeypatch.setattr(section, "run_self_spec_lab", broken)
+    at = open_page(random_app, PAGE)
+    at.button(key=SUBMIT).click().run()
+    assert not at.exception
+    assert any("The self-speculation run failed: the cache store is gone" in e.value for e in at.error)
+    assert TITLE in [s.value for s in at.subheader]

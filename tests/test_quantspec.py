@@ -10,11 +10,11 @@ import torch
 
 from engine.kv_compression.lab import KVLab, Variant, _RowCache
 from engine.speculative.quantspec import (SELF_SPEC_FORMATS, SelfSpecRound, SelfSpecRun, check_self_spec,
-                                          plain_greedy, run_self_spec_lab, self_speculate)
+                                          int4_weights, plain_greedy, run_self_spec_lab, self_speculate)
 from engine.weight_quant.lab import greedy_answers
 
 from app.analysis.kv_math import weights_bytes
-from app.analysis.quantspec import cost_ratio, modeled_speedup, runs_frame, speedup_frame
+from app.analysis.quantspec import cost_ratio, draft_step, modeled_speedup, runs_frame, speedup_frame
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +38,17 @@ def test_self_speculation_writes_the_engines_greedy_text(real_weights, real_lab,
 def test_fewer_bits_keep_fewer_drafts(real_weights, real_lab) -> None:  # noqa: ANN001
     prompt = real_weights.tokenizer.chat_prompt_ids("Explain in two sentences why the sky is blue.")
     seen: list[float] = []
-    r = run_self_spec_lab(real_lab, prompt, 4, 32, progress=lambda _m, f: seen.append(f))
-    assert [x.kv_format for x in r.runs] == list(SELF_SPEC_FORMATS) and seen == sorted(seen)
-    assert all(x.tokens == r.plain for x in r.runs)
-    by = {x.kv_format: x for x in r.runs}
+    r = run_self_spec_lab(real_lab, prompt, 4, 32, draft_lab=KVLab(int4_weights(real_weights)),
+                          progress=lambda _m, f: seen.append(f))
+    assert [(x.kv_format, x.draft_weight_bits) for x in r.runs] == [(f, b) for b in (16, 4) for f in SELF_SPEC_FORMATS]
+    assert seen == sorted(seen) and r.weight_bits == (16, 4)
+    assert all(x.tokens == r.plain for x in r.runs)  # INT4 weights in the draft change nothing in the text
+    by = {x.kv_format: x for x in r.runs if x.draft_weight_bits == 16}
     assert by["int8"].acceptance > by["int2"].acceptance and by["int4"].acceptance > by["int2"].acceptance
     assert by["int8"].tokens_per_pass > 2.0 > by["int2"].tokens_per_pass
+    assert r.run("int8", 4).acceptance < by["int8"].acceptance  # rounded weights guess worse
     frame = runs_frame(r)
-    assert list(frame["same text"]) == ["yes"] * 4
+    assert list(frame["same text"]) == ["yes"] * 8 and set(frame["draft's weights"]) == {"16-bit", "INT4"}
 
 
 def test_truncate_keeps_the_first_tokens() -> None:
@@ -85,12 +88,15 @@ def test_the_cost_model(random_weights) -> None:  # noqa: ANN001
     assert short == pytest.approx((w + 1024 * cfg.kv_bytes_per_token(2) / 4) / (w + 1024 * cfg.kv_bytes_per_token(2)))
     assert modeled_speedup(cfg, 131072, cheap) == pytest.approx(15 / (3 * (4 * long + 1)))
     assert modeled_speedup(cfg, 1024, cheap, weight_bits=4) > modeled_speedup(cfg, 1024, cheap)
+    emb = cfg.vocab_size * cfg.hidden_size * 2  # the embedding (also the LM head) stays 16-bit in the draft
+    assert draft_step(cfg, 0, cheap, 4).weights == pytest.approx(emb + (w - emb) * 5 / 16)  # 4 bits + group scales
     none_kept = _run([0, 0], 4, cfg.kv_bytes_per_token(2) / 4)
     assert modeled_speedup(cfg, 131072, none_kept) < 1.0  # drafts that are always wrong only cost
 
 
 def test_speedup_frame_has_every_format_context_and_weight_width(random_weights) -> None:  # noqa: ANN001
     from engine.speculative.quantspec import SelfSpecLabResult
-    runs = tuple(dataclasses.replace(_run([2, 3], 4, 7200.0), kv_format=f) for f in SELF_SPEC_FORMATS)
+    runs = tuple(dataclasses.replace(_run([2, 3], 4, 7200.0), kv_format=f, draft_weight_bits=b)
+                 for b in (16, 4) for f in SELF_SPEC_FORMATS)
     frame = speedup_frame(random_weights.config, SelfSpecLabResult(10, 4, runs[0].tokens, 0.1, runs))
     assert len(frame) == 4 * 6 * 2 and set(frame["weights"]) == {16, 4}

@@ -29,10 +29,11 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
     assert metrics["Same text as the target alone"] == "yes"
     assert len(at.get("plotly_chart")) == charts + 2
     table = at.dataframe[-1].value
-    assert len(table) == 4 and list(table["same text"]) == ["yes"] * 4
+    assert len(table) == 8 and list(table["same text"]) == ["yes"] * 8  # 4 formats, 16-bit and INT4 draft weights
 
     monkeypatch.setattr(section, "run_self_spec_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     at.radio(key=f"{LAB}-shown").set_value("int2").run()
+    at.radio(key=f"{LAB}-bits").set_value(4).run()
     assert_clean(at)
 
     at.text_input(key=f"{LAB}-prompt").set_value(" ")

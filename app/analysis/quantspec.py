@@ -1,7 +1,8 @@
 """What self-speculation with a quantized KV cache would save, from a measured run and the bytes a step reads.
 
-A decode step at batch 1 is memory-bound: it takes about (weights + KV cache) / bandwidth. The draft reads the same
-weights (16-bit here; 4-bit in QuantSpec, which quantizes them too) and the cache in its low-bit format; the
+A decode step at batch 1 is memory-bound: it takes about (weights + KV cache) / bandwidth. The draft reads its
+weights (16-bit, or INT4 as in QuantSpec: both are run, each with its own measured acceptance) and the cache in its
+low-bit format; the
 verification pass reads what a target step reads (γ + 1 tokens are still memory-bound). So with c the draft step's
 bytes over the target step's, a run of T tokens in R rounds costs Σ_rounds (γ_r · c + 1) target steps against T
 for plain decoding. The acceptance is the run's, measured; the bytes are arithmetic; the context is a slider
@@ -15,7 +16,7 @@ import pandas as pd
 
 from engine.config import ModelConfig
 from engine.kv_compression.formats import FORMATS
-from engine.speculative.quantspec import SelfSpecLabResult, SelfSpecRun
+from engine.speculative.quantspec import DRAFT_WEIGHT_GROUP, SelfSpecLabResult, SelfSpecRun
 
 from app.analysis.kv_math import weights_bytes
 
@@ -37,10 +38,18 @@ def target_step(cfg: ModelConfig, context: int) -> StepBytes:
     return StepBytes(weights_bytes(cfg, TARGET_BYTES), cfg.kv_bytes_per_token(TARGET_BYTES) * context)
 
 
+def effective_weight_bits(weight_bits: int, group: int = DRAFT_WEIGHT_GROUP) -> float:
+    """Bits a weight costs in memory: 16, or the code plus its group's fp16 scale and zero point shared by `group`."""
+    return 16.0 if weight_bits >= 16 else weight_bits + 2 * 16 / group
+
+
 def draft_step(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> StepBytes:
-    """The draft's bytes: its weights at `weight_bits`, its cache at the run's measured bytes per token (the stored
-    format's codes, scales and zero points, whatever precision the lab's reference runs in)."""
-    return StepBytes(weights_bytes(cfg, TARGET_BYTES) * weight_bits / 16, run.draft_bytes_per_token * context)
+    """The draft's bytes: its decoder linears at `weight_bits` (with their scales), the embedding (also the LM head)
+    at 16 bits, its cache at the run's measured bytes per token (the stored format's codes, scales and zero points,
+    whatever precision the lab's reference runs in)."""
+    embedding = cfg.vocab_size * cfg.hidden_size * TARGET_BYTES
+    linears = weights_bytes(cfg, TARGET_BYTES) - embedding
+    return StepBytes(embedding + linears * effective_weight_bits(weight_bits) / 16, run.draft_bytes_per_token * context)
 
 
 def cost_ratio(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> float:
@@ -55,18 +64,21 @@ def modeled_speedup(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bit
 
 
 def speedup_frame(cfg: ModelConfig, result: SelfSpecLabResult) -> pd.DataFrame:
-    rows = [{"format": r.kv_format, "label": FORMATS[r.kv_format].label, "context": ctx, "weights": bits,
-             "cost ratio": cost_ratio(cfg, ctx, r, bits), "speedup": modeled_speedup(cfg, ctx, r, bits)}
-            for r in result.runs for ctx in CONTEXTS for bits in (16, 4)]
+    """Each run's modeled speed-up at every context, with its own draft weights (the acceptance is that run's)."""
+    rows = [{"format": r.kv_format, "label": FORMATS[r.kv_format].label, "context": ctx,
+             "weights": r.draft_weight_bits, "cost ratio": cost_ratio(cfg, ctx, r, r.draft_weight_bits),
+             "speedup": modeled_speedup(cfg, ctx, r, r.draft_weight_bits)}
+            for r in result.runs for ctx in CONTEXTS]
     return pd.DataFrame(rows)
 
 
 def runs_frame(result: SelfSpecLabResult) -> pd.DataFrame:
     rows = []
     for r in result.runs:
-        rows.append({"draft's cache": FORMATS[r.kv_format].label, "bytes a token": round(r.draft_bytes_per_token),
-                     "drafted": r.drafted, "accepted": r.accepted, "acceptance": f"{r.acceptance:.0%}",
-                     "target passes": len(r.rounds), "tokens a pass": round(r.tokens_per_pass, 2),
-                     "same text": "yes" if r.tokens == result.plain else "NO",
-                     "time": f"{r.seconds:.1f} s"})
+        rows.append({"draft's cache": FORMATS[r.kv_format].label,
+                     "draft's weights": "16-bit" if r.draft_weight_bits == 16 else f"INT{r.draft_weight_bits}",
+                     "cache bytes/token": round(r.draft_bytes_per_token), "drafted": r.drafted,
+                     "accepted": r.accepted, "acceptance": f"{r.acceptance:.0%}", "target passes": len(r.rounds),
+                     "tokens a pass": round(r.tokens_per_pass, 2),
+                     "same text": "yes" if r.tokens == result.plain else "NO"})
     return pd.DataFrame(rows)

@@ -38,7 +38,8 @@ def rounds_figure(run: SelfSpecRun, decode) -> go.Figure:  # noqa: ANN001 (token
                     hovertemplate="round %{x}: “%{customdata}”<extra>" + name + "</extra>")
     gamma = run.gamma
     fig.update_layout(
-        title=dict(text=f"Every round: {FORMATS[run.kv_format].label} draft, γ = {gamma}", subtitle=dict(
+        title=dict(text=f"Every round: {FORMATS[run.kv_format].label} draft cache, {run.draft_weight_bits}-bit "
+                        f"weights, γ = {gamma}", subtitle=dict(
             text=f"{run.accepted} of {run.drafted} drafts kept ({run.acceptance:.0%}); {len(run.rounds)} target "
                  f"passes for {sum(len(r.committed) for r in run.rounds)} tokens")),
         barmode="overlay", bargap=0.1, xaxis=dict(title="round (one pass of the target)", dtick=max(1, len(run.rounds) // 12)),
@@ -49,12 +50,14 @@ def rounds_figure(run: SelfSpecRun, decode) -> go.Figure:  # noqa: ANN001 (token
 
 def speedup_figure(frame: pd.DataFrame) -> go.Figure:
     """Modeled speed-up over plain decoding against the context, one colour per draft format; solid with 16-bit
-    weights (this run), dashed with 4-bit draft weights too (QuantSpec's draft)."""
+    draft weights, dashed with INT4 draft weights (QuantSpec's draft), each at its own measured acceptance."""
     fig = go.Figure()
     for fmt, part in frame.groupby("format", sort=False):
         for bits, dash in ((16, "solid"), (4, "dash")):
             rows = part[part["weights"] == bits]
-            name = fmt.upper() + ("" if bits == 16 else ", 4-bit weights")
+            if rows.empty:
+                continue
+            name = fmt.upper() + ("" if bits == 16 else ", INT4 weights")
             fig.add_scatter(x=rows["context"], y=rows["speedup"], mode="lines+markers", line=dict(
                 color=FORMAT_COLORS[fmt], dash=dash, width=2.5), marker=dict(size=6), name=fmt.upper(),
                 legendgroup=fmt, showlegend=bits == 16, customdata=np.round(rows["cost ratio"], 3),
@@ -66,8 +69,8 @@ def speedup_figure(frame: pd.DataFrame) -> go.Figure:
                     line=dict(color=MUTED, dash="dot", width=1.5), hoverinfo="skip")
     fig.update_layout(
         title=dict(text="What the measured acceptance would buy, by context", subtitle=dict(
-            text="time ∝ bytes a step reads, target in bf16 · solid: draft weights 16-bit (as run) · dashed: "
-                 "4-bit (QuantSpec)")),
+            text="time ∝ bytes a step reads, target in bf16 · solid: draft weights 16-bit · dashed: INT4 "
+                 "(QuantSpec)")),
         xaxis=dict(title="context (tokens, log scale)", type="log", tickvals=ticks,
                    ticktext=[f"{t // 1024}k" for t in ticks]),
         yaxis=dict(title="speed-up over plain decoding", rangemode="tozero"),

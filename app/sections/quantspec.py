@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import streamlit as st
+import torch
 
 from engine.kv_compression.formats import FORMATS
 from engine.prompt_checks import check_new_tokens, check_prompt
-from engine.speculative.quantspec import MAX_GAMMA, SELF_SPEC_FORMATS, SelfSpecLabResult, run_self_spec_lab
+from engine.kv_compression.lab import KVLab
+from engine.speculative.quantspec import MAX_GAMMA, SELF_SPEC_FORMATS, SelfSpecLabResult, int4_weights, run_self_spec_lab
 
 from app.analysis.quantspec import CONTEXTS, runs_frame, speedup_frame
 from app.charts.quantspec import rounds_figure, speedup_figure
-from app.runtime import device_label, shared_weights
+from app.runtime import device, device_label, dtype_name, shared_weights
 from app.sections.kv_compression import server_lab
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
 from app.theme import show_figure
@@ -32,6 +34,12 @@ class SelfSpecSettings:
         check_new_tokens(self.max_new_tokens, MAX_NEW_TOKENS)
         if not 1 <= self.gamma <= MAX_GAMMA:
             raise ValueError(f"the draft length γ must be 1 to {MAX_GAMMA}")
+
+
+@st.cache_resource(show_spinner=False)
+def _int4_draft_lab(weights_id: int, dev: str, dtype: str) -> KVLab:  # noqa: ARG001 (weights_id keys the cache)
+    """The draft's model with INT4 decoder linears, prepared once per server (like the KV lab it shares stores with)."""
+    return KVLab(int4_weights(shared_weights()), device=dev, dtype=getattr(torch, dtype))
 
 
 def _form(lab: str) -> SelfSpecSettings:
@@ -60,18 +68,21 @@ def quantspec_section(page: str) -> None:
                 "decode step's bytes are cache, so a draft step that reads a 4-bit copy is cheap, and because the "
                 "draft *is* the model, its guesses are mostly right. After each round both caches keep only the "
                 "committed tokens; the draft's copy of them is the target's exact K and V, stored in the low-bit "
-                "format. The output is the target's own greedy text: the draft only decides how many target "
-                "passes it takes.")
+                "format. QuantSpec's draft also reads its weights in 4 bits: each format runs again with the "
+                "decoder's linears rounded to INT4. The output is the target's own greedy text: the draft only "
+                "decides how many target passes it takes.")
     settings = _form(lab)
 
     def run(bar) -> SelfSpecLabResult:  # noqa: ANN001 (a Streamlit progress bar)
         ids = shared_weights().tokenizer.chat_prompt_ids(settings.prompt)
         return run_self_spec_lab(server_lab(), ids, settings.gamma, settings.max_new_tokens,
+                                 draft_lab=_int4_draft_lab(id(shared_weights().state_dict), device(), dtype_name()),
                                  progress=progress_reporter(bar))
 
     result = run_on_request(lab, settings, run, "Self-speculating…", "The self-speculation run failed",
-                            "Press **Self-speculate with every cache format** (about 15 s on an idle 2-core CPU: the "
-                            "target alone, then FP8, INT8, INT4 and INT2 drafts, each verified by the target).")
+                            "Press **Self-speculate with every cache format** (about 30 s on an idle 2-core CPU: the "
+                            "target alone, then FP8, INT8, INT4 and INT2 draft caches with the model's weights and "
+                            "with INT4 weights, each draft verified by the target).")
     if result is None:
         return
     same = all(r.tokens == result.plain for r in result.runs)
@@ -82,15 +93,19 @@ def quantspec_section(page: str) -> None:
                      "token a pass, on the same path (the table says which, if one differs: in bf16 a near-tie "
                      "between two tokens can be decided differently by a one-token and a several-token pass)")
     c[1].metric("Best tokens per target pass", f"{best.tokens_per_pass:.2f}",
-                help=f"{FORMATS[best.kv_format].label}; plain decoding is 1")
+                help=f"{FORMATS[best.kv_format].label} cache, {best.draft_weight_bits}-bit weights; plain decoding "
+                     "is 1")
     c[2].metric("Its acceptance", f"{best.acceptance:.0%}", help="drafted tokens the target kept")
     c[3].metric("Its cache per token", f"{best.draft_bytes_per_token / 1024:.1f} KiB",
                 help=f"the stored format's codes and scales; the target's: {best.target_bytes_per_token / 1024:.1f} "
                      "KiB")
     st.dataframe(runs_frame(result), hide_index=True, width="stretch")
-    shown = st.radio("Rounds of", list(SELF_SPEC_FORMATS), index=SELF_SPEC_FORMATS.index("int4"), horizontal=True,
-                     key=f"{lab}-shown", format_func=lambda f: FORMATS[f].label.split(" (")[0])
-    show_figure(rounds_figure(result.run(shown), shared_weights().tokenizer.decode), key=f"{lab}-rounds",
+    c = st.columns([2, 1.4, 2])
+    shown = c[0].radio("Rounds of the draft cache", list(SELF_SPEC_FORMATS), index=SELF_SPEC_FORMATS.index("int4"),
+                       horizontal=True, key=f"{lab}-shown", format_func=lambda f: FORMATS[f].label.split(" (")[0])
+    bits = c[1].radio("with draft weights", list(result.weight_bits), horizontal=True, key=f"{lab}-bits",
+                      format_func=lambda b: "16-bit" if b == 16 else f"INT{b}")
+    show_figure(rounds_figure(result.run(shown, bits), shared_weights().tokenizer.decode), key=f"{lab}-rounds",
                 height=400, export_width=1100)
     show_figure(speedup_figure(speedup_frame(shared_weights().config, result)), key=f"{lab}-speedup", height=420,
                 export_width=1100)
@@ -99,5 +114,8 @@ def quantspec_section(page: str) -> None:
                f"step reads at {CONTEXTS[0] // 1024}k to {CONTEXTS[-1] // 1024}k tokens of context (this run's was "
                f"{result.prompt_tokens} + {len(result.plain)} tokens, where the weights dominate and a draft step costs "
                "about a target step). Fewer bits make cheaper drafts that are wrong more often: "
-               f"{FORMATS[worst.kv_format].label} kept {worst.acceptance:.0%} of its drafts. A plain loop on the "
-               "model's prepared weights and the KV lab's cache stores, one sequence, not the paged engine.")
+               f"{FORMATS[worst.kv_format].label} with {worst.draft_weight_bits}-bit weights kept "
+               f"{worst.acceptance:.0%} of its drafts. INT4 weights here are round-to-nearest in groups of 32 "
+               "without calibration (QuantSpec's are calibrated; the weight page's AWQ and GPTQ keep more). A plain "
+               "loop on the model's prepared weights and the KV lab's cache stores, one sequence, not the paged "
+               "engine.")

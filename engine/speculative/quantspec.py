@@ -14,10 +14,11 @@ storing the target's KV once per format is the same numbers). The output is the 
 token: the draft decides only how many target passes it takes.
 
 A plain loop on the model's prepared weights through the KV compression lab's cache stores (`KVLab`), one
-sequence, not the paged engine. QuantSpec also quantizes the draft's weights to 4 bits; here only the cache is.
+sequence, not the paged engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +27,15 @@ import torch
 
 from engine.kv_compression.formats import FORMATS
 from engine.kv_compression.lab import KVLab, Variant, _Row, _RowCache
+from engine.weight_quant.dense import LINEAR_INPUTS, weight_key
+from engine.weight_quant.grid import Grid, round_to_nearest
+from engine.weight_quant.lab import fp32_state
+from engine.weights import LoadedWeights
 
 SELF_SPEC_FORMATS = ("fp8", "int8", "int4", "int2")  # per-token formats: a rollback drops single tokens
 MAX_GAMMA = 8
+DRAFT_WEIGHT_BITS = 4
+DRAFT_WEIGHT_GROUP = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,7 @@ class SelfSpecRun:
     draft_bytes_per_token: float  # the low-bit cache's stored bytes (codes, scales, zero points) per token
     target_bytes_per_token: float
     seconds: float
+    draft_weight_bits: int = 16  # 4: the draft ran the decoder's linears rounded to INT4 (`int4_weights`)
 
     @property
     def drafted(self) -> int:
@@ -68,6 +76,19 @@ class SelfSpecRun:
         return sum(len(r.committed) for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
 
+def int4_weights(weights: LoadedWeights, group: int = DRAFT_WEIGHT_GROUP) -> LoadedWeights:
+    """The same model with every decoder linear rounded to INT4 (round-to-nearest, a scale and zero point per
+    `group` input channels; embedding, head and norms kept): QuantSpec's draft weights, without its calibration."""
+    sd, cfg = fp32_state(weights), weights.config
+    q = dict(sd)
+    grid = Grid(DRAFT_WEIGHT_BITS, group)
+    for i in range(cfg.num_layers):
+        for names in LINEAR_INPUTS.values():
+            for name in names:
+                q[weight_key(i, name)] = round_to_nearest(sd[weight_key(i, name)], grid)
+    return dataclasses.replace(weights, state_dict=q, source=f"{weights.source}, decoder linears INT4 g{group}")
+
+
 def check_self_spec(kv_format: str, gamma: int) -> None:
     if kv_format not in SELF_SPEC_FORMATS:
         raise ValueError(f"the draft's cache format must be one of {', '.join(SELF_SPEC_FORMATS)}, got {kv_format!r}")
@@ -83,8 +104,11 @@ def _copy_kv(target: _RowCache, draft: _RowCache, start: int, stop: int) -> None
 
 
 @torch.inference_mode()
-def self_speculate(lab: KVLab, prompt_ids: list[int], kv_format: str, gamma: int, max_new_tokens: int) -> SelfSpecRun:
-    """The prompt's greedy answer by self-speculation with the draft reading a `kv_format` copy of the cache."""
+def self_speculate(lab: KVLab, prompt_ids: list[int], kv_format: str, gamma: int, max_new_tokens: int,
+                   draft_lab: KVLab | None = None) -> SelfSpecRun:
+    """The prompt's greedy answer by self-speculation with the draft reading a `kv_format` copy of the cache.
+    `draft_lab`: the model the draft runs (the same weights in 4 bits, `int4_weights`); default `lab`'s own."""
+    drafter = draft_lab or lab
     check_self_spec(kv_format, gamma)
     lab.check(prompt_ids, [Variant(kv_format)], max_new_tokens)
     t0 = time.perf_counter()
@@ -100,7 +124,7 @@ def self_speculate(lab: KVLab, prompt_ids: list[int], kv_format: str, gamma: int
         proposals: list[int] = []
         tok = pending
         for i in range(min(gamma, max_new_tokens - len(out))):
-            step, _ = lab._forward([draft], torch.tensor([[tok]], device=dev), torch.tensor([n + i], device=dev))
+            step, _ = drafter._forward([draft], torch.tensor([[tok]], device=dev), torch.tensor([n + i], device=dev))
             tok = int(torch.argmax(step[0]))
             proposals.append(tok)
             if tok in eos:
@@ -126,7 +150,8 @@ def self_speculate(lab: KVLab, prompt_ids: list[int], kv_format: str, gamma: int
         tokens = tokens[:next(i for i, t in enumerate(tokens) if t in eos)]
     cached = target.cache.tokens
     return SelfSpecRun(kv_format, gamma, len(prompt_ids), tuple(tokens), tuple(rounds),
-                       draft.cache.nbytes / cached, target.cache.nbytes / cached, time.perf_counter() - t0)
+                       draft.cache.nbytes / cached, target.cache.nbytes / cached, time.perf_counter() - t0,
+                       16 if draft_lab is None else DRAFT_WEIGHT_BITS)
 
 
 @torch.inference_mode()
@@ -156,24 +181,31 @@ class SelfSpecLabResult:
     gamma: int
     plain: tuple[int, ...]  # the target alone
     plain_seconds: float
-    runs: tuple[SelfSpecRun, ...]  # one per format, in SELF_SPEC_FORMATS order
+    runs: tuple[SelfSpecRun, ...]  # per format (SELF_SPEC_FORMATS order) with 16-bit draft weights, then 4-bit
 
-    def run(self, kv_format: str) -> SelfSpecRun:
-        return next(r for r in self.runs if r.kv_format == kv_format)
+    def run(self, kv_format: str, weight_bits: int = 16) -> SelfSpecRun:
+        return next(r for r in self.runs if r.kv_format == kv_format and r.draft_weight_bits == weight_bits)
+
+    @property
+    def weight_bits(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(r.draft_weight_bits for r in self.runs))
 
 
 def run_self_spec_lab(lab: KVLab, prompt_ids: list[int], gamma: int, max_new_tokens: int,
-                      formats: tuple[str, ...] = SELF_SPEC_FORMATS,
+                      formats: tuple[str, ...] = SELF_SPEC_FORMATS, draft_lab: KVLab | None = None,
                       progress: Callable[[str, float], None] | None = None) -> SelfSpecLabResult:
-    """The target alone, then self-speculation with the draft's cache in each format."""
+    """The target alone, then self-speculation with the draft's cache in each format; again with `draft_lab`'s
+    weights (INT4, `int4_weights`) for the draft when given."""
     for f in formats:
         check_self_spec(f, gamma)
     say = progress or (lambda _m, _f: None)
     say("The target alone, one token a pass", 0.0)
     plain, plain_s = plain_greedy(lab, prompt_ids, max_new_tokens)
+    jobs = [(f, None) for f in formats] + ([(f, draft_lab) for f in formats] if draft_lab is not None else [])
     runs = []
-    for i, f in enumerate(formats):
-        say(f"Self-speculating with a {FORMATS[f].label} draft cache", (i + 1) / (len(formats) + 1))
-        runs.append(self_speculate(lab, prompt_ids, f, gamma, max_new_tokens))
+    for i, (f, d) in enumerate(jobs):
+        weights = "" if d is None else " and INT4 weights"
+        say(f"Self-speculating with a {FORMATS[f].label} draft cache{weights}", (i + 1) / (len(jobs) + 1))
+        runs.append(self_speculate(lab, prompt_ids, f, gamma, max_new_tokens, d))
     say("Done", 1.0)
     return SelfSpecLabResult(len(prompt_ids), gamma, plain, plain_s, tuple(runs))

@@ -431,6 +431,7 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     assert page.locator('[data-testid="stPlotlyChart"]', has_text="Released models").count() == 1
     charts = page.locator('[data-testid="stPlotlyChart"]')
     before = charts.count()
+    page.locator(".st-key-kv-mla-tokens input").fill("8")  # the answers are the part of the run that scales
     click_button(page, "Factor, score and answer")
     page.wait_for_selector('[data-testid="stMetric"]:has-text("Numbers cached per token and layer")')
     settle_charts(page)
@@ -459,11 +460,13 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
 
 def test_speculative_self_spec_section(server, page) -> None:  # noqa: ANN001
     """QuantSpec on the speculative page, on a projector: the model drafting for itself from a low-bit copy of its
-    cache in four formats (about 15 s here), every format's text the target's own, the rounds and the model."""
+    cache in four formats, with its own and with INT4 weights, every format's text the target's own, the rounds and
+    the model."""
     page.set_viewport_size(PROJECTOR)
     open_page(page, server, "speculative-decoding")
     charts = page.locator('[data-testid="stPlotlyChart"]')
     before = charts.count()
+    page.locator(".st-key-spec-qs-tokens input").fill("16")  # 16 tokens instead of 48 keeps the test short
     click_button(page, "Self-speculate with every cache format")
     page.wait_for_selector('[data-testid="stMetric"]:has-text("Same text as the target alone")')
     settle_charts(page)

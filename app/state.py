@@ -153,4 +153,3 @@ def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T], start_
         st.caption(waiting)
         return None
     return page_run(key, settings, run, start_text, failed)
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
@@ -40,10 +41,11 @@ def main() -> None:
     rows = []
     for p in sorted(r.points, key=lambda p: (-p.rank, p.kind)):
         c, s = p.scores["chat"], p.scores["prose"]
-        kept = "" if p.kept_energy != p.kept_energy else f"{p.kept_energy:.1%}"
+        kept = "" if math.isnan(p.kept_energy) else f"{p.kept_energy:.1%}"
         print(f"{KIND_LABELS[p.kind]:<32}{p.rank:>8}{p.rank / r.full_rank:>7.0%}{kept:>8}{c.kl:>9.3f}{c.top1:>7.1%}"
               f"{s.kl:>10.3f}{s.top1:>7.1%}")
-        rows.append({"kind": p.kind, "rank": p.rank, "kept_energy": None if not kept else p.kept_energy,
+        kept_value = None if math.isnan(p.kept_energy) else p.kept_energy
+        rows.append({"kind": p.kind, "rank": p.rank, "kept_energy": kept_value,
                      **{f"{d}_{k}": getattr(v, k) for d, v in p.scores.items() for k in ("kl", "top1", "nll")}})
     for a in r.answers:
         print(f"{a.label}: {a.run.cache_bytes:,} cache bytes, {a.run.rebuild_flops / 1e9:.2f} GFLOP rebuilding K, "

@@ -47,7 +47,7 @@ def main() -> None:
                 committed = sum(len(x.committed) for r in runs for x in r.rounds)
                 passes = sum(len(r.rounds) for r in runs)
                 same = all(r.run(fmt, bits).tokens == r.plain for r in results)
-                sp = {c: sum(modeled_speedup(cfg, c, r, bits) for r in runs) / len(runs) for c in CONTEXTS}
+                sp = {c: sum(modeled_speedup(cfg, c, r) for r in runs) / len(runs) for c in CONTEXTS}
                 print(f"{fmt:<7}{bits:>8}{gamma:>3}{accepted / drafted:>8.0%}{committed / passes:>9.2f}"
                       f"{'yes' if same else 'NO':>6}" + "".join(f"{sp[c]:>9.2f}" for c in CONTEXTS))
                 rows.append({"format": fmt, "draft_weight_bits": bits, "gamma": gamma, "drafted": drafted,

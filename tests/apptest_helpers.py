@@ -66,3 +66,14 @@ def session_of(at: AppTest, prefix: str):  # noqa: ANN201 (an app.session.Engine
 def assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+def submit_blank_prompt(at: AppTest, prompt_key: str, submit_key: str, answered_by: str = "the model") -> AppTest:
+    """Submit a lab's form with an all-space prompt: the run is refused with its one message above the last
+    results, and nothing raises (the caller checks that its results stayed)."""
+    at.text_input(key=prompt_key).set_value("   ")
+    at.button(key=submit_key).click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"The prompt is empty: type something for {answered_by} to answer. "
+                                           "The results below are the last run's."]
+    return at

@@ -17,7 +17,7 @@ from app.analysis.act_quant import (channel_view, fp8_speedup, outlier_frame, re
 from app.charts.act_quant import (alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, tick_label,
                                   variant_color)
 from app.registry import PAGES
-from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
 PAGE, PREFIX = "18_activation_quantization.py", "aq"
 SUBMIT = f"FormSubmitter:{PREFIX}-form-Quantize and measure"
@@ -76,11 +76,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at.radio(key=f"{PREFIX}-stat").set_value("mean").run()
     assert_clean(at)
     # Bad input: a message, and the results stay.
-    at.text_input(key=f"{PREFIX}-prompt").set_value("   ")
-    at.button(key=SUBMIT).click().run()
-    assert not at.exception
-    assert [e.value for e in at.error] == ["The prompt is empty: type something for the models to answer. "
-                                           "The results below are the last run's."]
+    submit_blank_prompt(at, f"{PREFIX}-prompt", SUBMIT, answered_by="the models")
     assert len(at.get("plotly_chart")) == 4
     at.multiselect(key=f"{PREFIX}-variants").set_value([])
     at.text_input(key=f"{PREFIX}-prompt").set_value("Name a colour.")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.kv_latent.decode import LatentCacheModel, latent_greedy
-from engine.kv_latent.factor import (decompose, equivalent_state, identity_layer, input_covariance, kept_energy,
-                                     kv_weight, mean_pooled_layer)
+from engine.kv_latent.factor import (decompose, equivalent_state, identity_layer, input_covariance, kv_weight,
+                                     mean_pooled_layer)
 from engine.kv_latent.lab import RANKS, LatentSettings, full_rank, run_latent_lab
 from engine.weight_quant.dense import sequence_logits, weight_key
 from engine.weight_quant.lab import fp32_state, greedy_answers
@@ -44,7 +44,7 @@ def test_truncation_is_exact_at_full_rank_and_each_svd_wins_its_own_norm(seed: i
     # Plain SVD is the closest rank-r matrix to W; activation-aware the closest in what it does to the inputs.
     assert (wp - w).norm() <= (wa - w).norm() * (1 + 1e-4)
     assert ((wa - w) @ x.T).norm() <= ((wp - w) @ x.T).norm() * (1 + 1e-4)
-    assert p.rank == a.rank == rank and 0.0 < kept_energy(p.energy, rank) <= 1.0
+    assert p.rank == a.rank == rank and 0.0 < float(plain.cumulative_energy[rank - 1]) <= 1.0
 
 
 def test_rank_out_of_range_is_refused() -> None:

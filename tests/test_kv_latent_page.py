@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 import app.sections.kv_latent as section
 from engine.kv_latent.lab import run_latent_lab
-from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
 PAGE, LAB = "01_kv_cache.py", "kv-mla"
 SUBMIT = f"FormSubmitter:{LAB}-form-Factor, score and answer"
@@ -45,11 +45,7 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
     assert_clean(at)
 
     # Bad input: the message, and the last results stay.
-    at.text_input(key=f"{LAB}-prompt").set_value("  ")
-    at.button(key=SUBMIT).click().run()
-    assert not at.exception
-    assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer. "
-                                           "The results below are the last run's."]
+    submit_blank_prompt(at, f"{LAB}-prompt", SUBMIT)
     assert "Numbers cached per token and layer" in [m.label for m in at.metric]
 
 

@@ -87,9 +87,10 @@ def test_the_cost_model(random_weights) -> None:  # noqa: ANN001
     w = weights_bytes(cfg, 2)
     assert short == pytest.approx((w + 1024 * cfg.kv_bytes_per_token(2) / 4) / (w + 1024 * cfg.kv_bytes_per_token(2)))
     assert modeled_speedup(cfg, 131072, cheap) == pytest.approx(15 / (3 * (4 * long + 1)))
-    assert modeled_speedup(cfg, 1024, cheap, weight_bits=4) > modeled_speedup(cfg, 1024, cheap)
+    cheap_w4 = dataclasses.replace(cheap, draft_weight_bits=4)
+    assert modeled_speedup(cfg, 1024, cheap_w4) > modeled_speedup(cfg, 1024, cheap)
     emb = cfg.vocab_size * cfg.hidden_size * 2  # the embedding (also the LM head) stays 16-bit in the draft
-    assert draft_step(cfg, 0, cheap, 4).weights == pytest.approx(emb + (w - emb) * 5 / 16)  # 4 bits + group scales
+    assert draft_step(cfg, 0, cheap_w4).weights == pytest.approx(emb + (w - emb) * 5 / 16)  # 4 bits + group scales
     none_kept = _run([0, 0], 4, cfg.kv_bytes_per_token(2) / 4)
     assert modeled_speedup(cfg, 131072, none_kept) < 1.0  # drafts that are always wrong only cost
 

@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import app.sections.quantspec as section
-from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
 PAGE, LAB = "07_speculative_decoding.py", "spec-qs"
 SUBMIT = f"FormSubmitter:{LAB}-form-Self-speculate with every cache format"
@@ -36,11 +36,7 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
     at.radio(key=f"{LAB}-bits").set_value(4).run()
     assert_clean(at)
 
-    at.text_input(key=f"{LAB}-prompt").set_value(" ")
-    at.button(key=SUBMIT).click().run()
-    assert not at.exception
-    assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer. "
-                                           "The results below are the last run's."]
+    submit_blank_prompt(at, f"{LAB}-prompt", SUBMIT)
     assert "Same text as the target alone" in [m.label for m in at.metric]
 
 

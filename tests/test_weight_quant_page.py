@@ -17,7 +17,7 @@ from app.analysis.weight_quant import (BENCH_PATH, decode_bound_tok_s, load_benc
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      quality_figure)
 from app.registry import PAGES
-from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
 PAGE, PREFIX = "15_weight_quantization.py", "wq"
 SUBMIT = f"FormSubmitter:{PREFIX}-form-Quantize and measure"
@@ -85,11 +85,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     at.selectbox(key=f"{PREFIX}-outlier-input").set_value("down").run()
     assert_clean(at)
     # Bad input: a message, and the results stay.
-    at.text_input(key=f"{PREFIX}-prompt").set_value("   ")
-    at.button(key=SUBMIT).click().run()
-    assert not at.exception
-    assert [e.value for e in at.error] == ["The prompt is empty: type something for the models to answer. "
-                                           "The results below are the last run's."]
+    submit_blank_prompt(at, f"{PREFIX}-prompt", SUBMIT, answered_by="the models")
     assert len(at.metric) == 3
     # A failing run is a message; the last results stay on screen.
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202

@@ -42,7 +42,8 @@ def attention_variants(cfg: ModelConfig) -> list[AttentionVariant]:
     d_c, d_r = mla_latent_dims(cfg)
     per_head = 2 * cfg.head_dim
     return [
-        AttentionVariant("MHA", cfg.num_heads, cfg.num_heads * per_head, f"{cfg.num_heads} KV heads, one per query head"),
+        AttentionVariant("MHA", cfg.num_heads, cfg.num_heads * per_head,
+                         f"{cfg.num_heads} KV heads, one per query head"),
         AttentionVariant("GQA", cfg.num_kv_heads, cfg.num_kv_heads * per_head,
                          f"{cfg.num_kv_heads} KV heads, {group} query heads each (actual)"),
         AttentionVariant("MQA", 1, per_head, f"1 KV head shared by all {cfg.num_heads} query heads"),

@@ -2,11 +2,10 @@
 
 A decode step at batch 1 is memory-bound: it takes about (weights + KV cache) / bandwidth. The draft reads its
 weights (16-bit, or INT4 as in QuantSpec: both are run, each with its own measured acceptance) and the cache in its
-low-bit format; the
-verification pass reads what a target step reads (γ + 1 tokens are still memory-bound). So with c the draft step's
-bytes over the target step's, a run of T tokens in R rounds costs Σ_rounds (γ_r · c + 1) target steps against T
-for plain decoding. The acceptance is the run's, measured; the bytes are arithmetic; the context is a slider
-(the measured run's context is short, where weights dominate and c is near 1).
+low-bit format; the verification pass reads what a target step reads (γ + 1 tokens are still memory-bound). So
+with c the draft step's bytes over the target step's, a run of T tokens in R rounds costs Σ_rounds (γ_r · c + 1)
+target steps against T for plain decoding. The acceptance is the run's, measured; the bytes are arithmetic, over a
+range of contexts (the measured run's own context is short, where weights dominate and c is near 1).
 """
 from __future__ import annotations
 
@@ -43,22 +42,23 @@ def effective_weight_bits(weight_bits: int, group: int = DRAFT_WEIGHT_GROUP) -> 
     return 16.0 if weight_bits >= 16 else weight_bits + 2 * 16 / group
 
 
-def draft_step(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> StepBytes:
-    """The draft's bytes: its decoder linears at `weight_bits` (with their scales), the embedding (also the LM head)
-    at 16 bits, its cache at the run's measured bytes per token (the stored format's codes, scales and zero points,
-    whatever precision the lab's reference runs in)."""
+def draft_step(cfg: ModelConfig, context: int, run: SelfSpecRun) -> StepBytes:
+    """The draft's bytes: its decoder linears at the run's draft weight width (with their scales), the embedding
+    (also the LM head) at 16 bits, its cache at the run's measured bytes per token (the stored format's codes, scales
+    and zero points, whatever precision the lab's reference runs in)."""
     embedding = cfg.vocab_size * cfg.hidden_size * TARGET_BYTES
     linears = weights_bytes(cfg, TARGET_BYTES) - embedding
-    return StepBytes(embedding + linears * effective_weight_bits(weight_bits) / 16, run.draft_bytes_per_token * context)
+    bits = effective_weight_bits(run.draft_weight_bits)
+    return StepBytes(embedding + linears * bits / 16, run.draft_bytes_per_token * context)
 
 
-def cost_ratio(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> float:
-    return draft_step(cfg, context, run, weight_bits).total / target_step(cfg, context).total
+def cost_ratio(cfg: ModelConfig, context: int, run: SelfSpecRun) -> float:
+    return draft_step(cfg, context, run).total / target_step(cfg, context).total
 
 
-def modeled_speedup(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bits: int = 16) -> float:
+def modeled_speedup(cfg: ModelConfig, context: int, run: SelfSpecRun) -> float:
     """Plain decoding's target steps over self-speculation's (Σ γ_r c + 1), for the run's rounds."""
-    c = cost_ratio(cfg, context, run, weight_bits)
+    c = cost_ratio(cfg, context, run)
     tokens = sum(len(r.committed) for r in run.rounds)
     return tokens / sum(len(r.drafted) * c + 1 for r in run.rounds) if run.rounds else 1.0
 
@@ -66,8 +66,8 @@ def modeled_speedup(cfg: ModelConfig, context: int, run: SelfSpecRun, weight_bit
 def speedup_frame(cfg: ModelConfig, result: SelfSpecLabResult) -> pd.DataFrame:
     """Each run's modeled speed-up at every context, with its own draft weights (the acceptance is that run's)."""
     rows = [{"format": r.kv_format, "label": FORMATS[r.kv_format].label, "context": ctx,
-             "weights": r.draft_weight_bits, "cost ratio": cost_ratio(cfg, ctx, r, r.draft_weight_bits),
-             "speedup": modeled_speedup(cfg, ctx, r, r.draft_weight_bits)}
+             "weights": r.draft_weight_bits, "cost ratio": cost_ratio(cfg, ctx, r),
+             "speedup": modeled_speedup(cfg, ctx, r)}
             for r in result.runs for ctx in CONTEXTS]
     return pd.DataFrame(rows)
 

@@ -9,10 +9,9 @@ from plotly.subplots import make_subplots
 from engine.kv_latent.lab import KIND_LABELS, LatentLabResult
 
 from app.analysis.kv_math import PUBLISHED_CACHES
-from app.charts.kv_cache import VARIANT_COLORS
+from app.charts.kv_cache import GIB, VARIANT_COLORS
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
-GIB = 1024 ** 3
 KIND_COLORS = {"plain": MUTED, "aware": TECHNIQUE_COLOR, "mqa": BASELINE_COLOR, "full": "#0072B2"}
 
 

@@ -42,7 +42,8 @@ def rounds_figure(run: SelfSpecRun, decode) -> go.Figure:  # noqa: ANN001 (token
                         f"weights, γ = {gamma}", subtitle=dict(
             text=f"{run.accepted} of {run.drafted} drafts kept ({run.acceptance:.0%}); {len(run.rounds)} target "
                  f"passes for {sum(len(r.committed) for r in run.rounds)} tokens")),
-        barmode="overlay", bargap=0.1, xaxis=dict(title="round (one pass of the target)", dtick=max(1, len(run.rounds) // 12)),
+        barmode="overlay", bargap=0.1,
+        xaxis=dict(title="round (one pass of the target)", dtick=max(1, len(run.rounds) // 12)),
         yaxis=dict(title="tokens", range=[0, gamma + 1.2], dtick=1),
         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(t=100, b=110))
     return fig

@@ -2,6 +2,8 @@
 the live model (its K and V projections factored through a latent, the cache holding only the latent)."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
@@ -39,8 +41,9 @@ def mla_section(page: str) -> None:
          "**Below, on the live model**: SmolLM2 was trained with GQA, not MLA. Its K and V projections are "
          "factored through a latent after the fact (SVD), the cache then holds only the latent, and the model's "
          "quality is measured at each latent size, against sharing heads (MQA) at the same size."],
-        note="c_t is d_c numbers, all a layer caches for token t. DeepSeek-V3: L = 61 layers, d_c = 512, d_R = 64, so 576 numbers a token and layer where its 128 "
-             "heads would cache 128 × (192 + 128) = 40,960 as MHA. b is bytes per number (2 in bf16).",
+        note="c_t is d_c numbers, all a layer caches for token t. DeepSeek-V3: L = 61 layers, d_c = 512, d_R = 64, "
+             "so 576 numbers a token and layer where its 128 heads would cache 128 × (192 + 128) = 40,960 as MHA. b "
+             "is bytes per number (2 in bf16).",
         name="mla")
     show_figure(published_figure(BF16, CONTEXT), key=f"{page}-published", height=380, export_width=1100)
     v3 = next(m for m in PUBLISHED_CACHES if m.kind == "MLA")
@@ -184,7 +187,7 @@ def _points_frame(result: LatentLabResult) -> pd.DataFrame:
     for p in sorted(result.points, key=lambda p: (-p.rank, p.kind)):
         row = {"cache layout": p.label, "numbers a token and layer": p.rank,
                "share of GQA's cache": f"{p.rank / result.full_rank:.0%}",
-               "spectrum kept": "–" if p.kept_energy != p.kept_energy else f"{p.kept_energy:.1%}"}
+               "spectrum kept": "–" if math.isnan(p.kept_energy) else f"{p.kept_energy:.1%}"}
         for d, s in p.scores.items():
             row[f"{d} KL (nats)"] = round(s.kl, 4)
             row[f"{d} top-1"] = f"{s.top1:.1%}"

@@ -8,9 +8,10 @@ import streamlit as st
 import torch
 
 from engine.kv_compression.formats import FORMATS
-from engine.prompt_checks import check_new_tokens, check_prompt
 from engine.kv_compression.lab import KVLab
-from engine.speculative.quantspec import MAX_GAMMA, SELF_SPEC_FORMATS, SelfSpecLabResult, int4_weights, run_self_spec_lab
+from engine.prompt_checks import check_new_tokens, check_prompt
+from engine.speculative.quantspec import (MAX_GAMMA, SELF_SPEC_FORMATS, SelfSpecLabResult, check_gamma, int4_weights,
+                                          run_self_spec_lab)
 
 from app.analysis.quantspec import CONTEXTS, runs_frame, speedup_frame
 from app.charts.quantspec import rounds_figure, speedup_figure
@@ -32,8 +33,7 @@ class SelfSpecSettings:
     def check(self) -> None:
         check_prompt(self.prompt, MAX_PROMPT_CHARS)
         check_new_tokens(self.max_new_tokens, MAX_NEW_TOKENS)
-        if not 1 <= self.gamma <= MAX_GAMMA:
-            raise ValueError(f"the draft length γ must be 1 to {MAX_GAMMA}")
+        check_gamma(self.gamma)
 
 
 @st.cache_resource(show_spinner=False)
@@ -112,8 +112,8 @@ def quantspec_section(page: str) -> None:
     worst = min(result.runs, key=lambda r: r.acceptance)
     st.caption(f"Measured on {device_label()}: the acceptance and the text. Modeled: the speed-up, from the bytes a "
                f"step reads at {CONTEXTS[0] // 1024}k to {CONTEXTS[-1] // 1024}k tokens of context (this run's was "
-               f"{result.prompt_tokens} + {len(result.plain)} tokens, where the weights dominate and a draft step costs "
-               "about a target step). Fewer bits make cheaper drafts that are wrong more often: "
+               f"{result.prompt_tokens} + {len(result.plain)} tokens, where the weights dominate and a draft step "
+               "costs about a target step). Fewer bits make cheaper drafts that are wrong more often: "
                f"{FORMATS[worst.kv_format].label} with {worst.draft_weight_bits}-bit weights kept "
                f"{worst.acceptance:.0%} of its drafts. INT4 weights here are round-to-nearest in groups of 32 "
                "without calibration (QuantSpec's are calibrated; the weight page's AWQ and GPTQ keep more). A plain "

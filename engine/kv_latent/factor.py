@@ -32,7 +32,6 @@ class LatentLayer:
     down: torch.Tensor  # [r, hidden]
     up_k: torch.Tensor  # [kv_heads * head_dim, r]
     up_v: torch.Tensor  # [kv_heads * head_dim, r]
-    energy: torch.Tensor  # [min(rows, hidden)] squared singular values, largest first (the whole spectrum)
     copies_only: bool = False  # up only copies (the model as trained, MQA): a real cache needs no rebuild
 
     @property
@@ -64,6 +63,12 @@ class LayerSvd:
     def max_rank(self) -> int:
         return self.s.shape[0]
 
+    @property
+    def cumulative_energy(self) -> torch.Tensor:
+        """[max_rank] share of the squared singular values the first r keep, r = 1 .. max_rank (1.0 at the end)."""
+        e = self.s ** 2
+        return (e.cumsum(0) / e.sum()).float()
+
     def truncate(self, rank: int) -> LatentLayer:
         if not 1 <= rank <= self.max_rank:
             raise ValueError(f"the latent rank must be 1 to {self.max_rank}, got {rank}")
@@ -71,8 +76,7 @@ class LayerSvd:
         down = torch.linalg.solve_triangular(self.lower.T, (self.s[:rank, None] * self.vh[:rank]).T, upper=True).T
         up = self.u[:, :rank]
         half = up.shape[0] // 2
-        return LatentLayer(down.float().contiguous(), up[:half].float().contiguous(), up[half:].float().contiguous(),
-                           (self.s ** 2).float())
+        return LatentLayer(down.float().contiguous(), up[:half].float().contiguous(), up[half:].float().contiguous())
 
 
 def decompose(w_kv: torch.Tensor, covariance: torch.Tensor | None = None) -> LayerSvd:
@@ -89,17 +93,12 @@ def decompose(w_kv: torch.Tensor, covariance: torch.Tensor | None = None) -> Lay
     return LayerSvd(u, s, vh, lower)
 
 
-def factor_layer(w_kv: torch.Tensor, rank: int, covariance: torch.Tensor | None = None) -> LatentLayer:
-    """The rank-`rank` factorisation of w_kv: plain SVD without `covariance`, activation-aware with it."""
-    return decompose(w_kv, covariance).truncate(rank)
-
-
 def identity_layer(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int) -> LatentLayer:
     """The model as it is, in the same form: the 'latent' is K and V themselves (rank 2 x kv_heads x head_dim)."""
     w = kv_weight(cfg, sd, layer)
     eye = torch.eye(w.shape[0])
     half = w.shape[0] // 2
-    return LatentLayer(w.contiguous(), eye[:half].contiguous(), eye[half:].contiguous(), torch.empty(0), True)
+    return LatentLayer(w.contiguous(), eye[:half].contiguous(), eye[half:].contiguous(), copies_only=True)
 
 
 def mean_pooled_layer(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int) -> LatentLayer:
@@ -111,7 +110,7 @@ def mean_pooled_layer(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int)
     copy = torch.eye(d).repeat(hk, 1)  # [hk * d, d]: every head gets the same d numbers
     zeros = torch.zeros_like(copy)
     return LatentLayer(torch.cat(pooled).contiguous(), torch.cat([copy, zeros], 1).contiguous(),
-                       torch.cat([zeros, copy], 1).contiguous(), torch.empty(0), True)
+                       torch.cat([zeros, copy], 1).contiguous(), copies_only=True)
 
 
 def equivalent_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], layers: list[LatentLayer]) -> dict[str, torch.Tensor]:
@@ -122,8 +121,3 @@ def equivalent_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], layers: list
         out[weight_key(i, "self_attn.k_proj")] = (f.up_k @ f.down).contiguous()
         out[weight_key(i, "self_attn.v_proj")] = (f.up_v @ f.down).contiguous()
     return out
-
-
-def kept_energy(energy: torch.Tensor, rank: int) -> float:
-    """Share of the squared singular values the first `rank` keep (1.0 at full rank)."""
-    return float(energy[:rank].sum() / energy.sum())

@@ -116,8 +116,7 @@ def kv_input_covariances(weights: LoadedWeights, windows: list[list[int]]) -> li
 
 
 def _cumulative(svds: list[LayerSvd]) -> np.ndarray:
-    e = torch.stack([s.s ** 2 for s in svds])
-    return (e.cumsum(1) / e.sum(1, keepdim=True)).numpy()
+    return torch.stack([s.cumulative_energy for s in svds]).numpy()
 
 
 def run_latent_lab(weights: LoadedWeights, settings: LatentSettings, progress: Progress | None = None,

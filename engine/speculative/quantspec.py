@@ -89,11 +89,15 @@ def int4_weights(weights: LoadedWeights, group: int = DRAFT_WEIGHT_GROUP) -> Loa
     return dataclasses.replace(weights, state_dict=q, source=f"{weights.source}, decoder linears INT4 g{group}")
 
 
+def check_gamma(gamma: int) -> None:
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"the draft length γ must be 1 to {MAX_GAMMA}")
+
+
 def check_self_spec(kv_format: str, gamma: int) -> None:
     if kv_format not in SELF_SPEC_FORMATS:
         raise ValueError(f"the draft's cache format must be one of {', '.join(SELF_SPEC_FORMATS)}, got {kv_format!r}")
-    if not 1 <= gamma <= MAX_GAMMA:
-        raise ValueError(f"the draft length γ must be 1 to {MAX_GAMMA}")
+    check_gamma(gamma)
 
 
 def _copy_kv(target: _RowCache, draft: _RowCache, start: int, stop: int) -> None:

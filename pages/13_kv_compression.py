@@ -5,6 +5,7 @@ import streamlit as st
 from app.sections.kv_compression import (backend_line, eviction_section, get_result, kv_explanation, memory_section,
                                          positions_section, quantization_section, settings_form, summary_section,
                                          texts_section)
+from app.sections.kv_quant_kernel import fused_kernel_section
 
 PAGE = "kvq"
 st.title("KV cache quantization and eviction")
@@ -22,3 +23,4 @@ positions_section(result, PAGE)
 quantization_section(result, PAGE)
 eviction_section(result, PAGE)
 memory_section(PAGE)
+fused_kernel_section(PAGE)

@@ -138,6 +138,23 @@ def test_kv_compression_page_on_the_gpu(gpu_app: AppTest) -> None:
     assert "BF16 is the reference on this server" in text
 
 
+def test_kv_compression_page_times_the_fused_kernel_live(gpu_app: AppTest) -> None:
+    """On a GPU the page's kernel section times the fused low-bit decode kernel at the shape asked for: every
+    path measured, each format's output checked against dequantize-then-attend."""
+    at = open_page(gpu_app, "13_kv_compression.py")
+    assert_clean(at)
+    charts = len(at.get("plotly_chart"))
+    at.selectbox(key="kvq-qk-b").set_value(8)
+    at.selectbox(key="kvq-qk-l").set_value(4096)
+    at.button(key="FormSubmitter:kvq-qk-form-Time the kernels on this GPU").click().run(timeout=300)
+    assert_clean(at)
+    frame = next(d.value for d in at.dataframe if "bytes ratio" in d.value.columns)
+    assert len(frame) == 6 and (frame["us"] > 0).all()
+    fused = frame[frame["path"].str.startswith("fused kernel")]
+    assert len(fused) == 4 and (fused["error"] < 2e-2).all(), fused
+    assert len(at.get("plotly_chart")) == charts + 1  # the live call's bars
+
+
 def test_slo_page_on_the_gpu(gpu_app: AppTest) -> None:
     """The latency-SLO page's default sweep on the GPU: GPU-sized rates and targets, Triton with CUDA graphs."""
     at = open_page(gpu_app, "14_slo_goodput.py")

@@ -22,7 +22,8 @@ from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F
 PAGE, PREFIX = "13_kv_compression.py", "kvq"
 SUBMIT = f"FormSubmitter:{PREFIX}-form-Run on the model"
 SECTIONS = ["Memory against quality", "What each cache writes", "Why keys are harder to quantize than values",
-            "Which tokens each policy keeps", "What fits"]
+            "Which tokens each policy keeps", "What fits",
+            "Fewer bits, faster decoding? Only if the kernel reads the bits, and even then not for free"]
 
 
 def _summary(at: AppTest):  # noqa: ANN202 (a DataFrame)
@@ -121,7 +122,12 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     assert len(table) == 1 + len(PRESETS["Storage formats"])
     assert table["Variant"].iloc[0].startswith("Reference")
     assert "torch path on every device" in " ".join(c.value for c in at.caption)
-    assert len(at.get("plotly_chart")) == 5  # trade-off, KL by position, channels, round-trip errors, sink
+    # trade-off, KL by position, channels, round-trip errors, sink; the fused kernel's H200 sweep and one call
+    assert len(at.get("plotly_chart")) == 7
+    # No GPU here: the kernel section says so and shows the H200's measured call (six paths).
+    assert any("No CUDA GPU on this server" in c.value for c in at.caption)
+    kernel_call = next(d.value for d in at.dataframe if "bytes ratio" in d.value.columns)
+    assert len(kernel_call) == 6 and kernel_call["path"].iloc[0] == "engine kernel, BF16 pool"
     at.selectbox(key=f"{PREFIX}-preset").set_value("Eviction at a 64-token budget").run()
     at.number_input(key=f"{PREFIX}-tokens").set_value(4)
     at.button(key=SUBMIT).click().run()
@@ -130,7 +136,7 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     assert len(table) == 4 and (table["Tokens"].iloc[1:] == 64).all()
     picker = at.selectbox(key=f"{PREFIX}-evict-variant")
     assert picker.options[0].startswith("FP32 · window 64") and picker.value == "FP32 · H2O 64"
-    assert len(at.get("plotly_chart")) == 6  # the kept-token map joins the five
+    assert len(at.get("plotly_chart")) == 8  # the kept-token map joins the seven
     # An empty prompt is a message; the eviction run stays on screen.
     at.text_area(key=f"{PREFIX}-prompt").set_value("   ")
     at.button(key=SUBMIT).click().run()

@@ -58,8 +58,9 @@ def backend_line() -> None:
     where = device_label()
     st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) on {where} · "
                f"reference cache in {dtype_name()} · the lab's attention is the **torch path on every device**: it "
-               "dequantizes the stored codes, then attends (no fused kernel reads FP8 or INT4 here, so times show "
-               f"the cost of unfused dequantization, not a speed-up) · engine backend: {backend_summary()}")
+               "dequantizes the stored codes, then attends (so its times show the cost of unfused dequantization, "
+               "not a speed-up; the fused kernel that reads the codes is timed at the bottom of the page) · engine "
+               f"backend: {backend_summary()}")
 
 
 # ---- settings ------------------------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""Charts of the fused low-bit decode kernel: one call's time by path, and the speed-up by context."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from app.charts.quantspec import FORMAT_COLORS
+from app.theme import BASELINE_COLOR, MUTED
+
+PATH_COLORS = {**FORMAT_COLORS, "bf16": "#56B4E9", "unfused": BASELINE_COLOR}
+
+
+def call_figure(frame: pd.DataFrame, batch: int, context: int, where: str) -> go.Figure:
+    """Horizontal bars: microseconds per decode attention call for each path (`app.analysis.kv_quant_kernel.call_frame`),
+    labelled with the speed-up over the engine's BF16 kernel."""
+    rows = frame.iloc[::-1]  # the engine's kernel on top
+    engine_path = frame["path"].iloc[0]
+    colors = [MUTED if p == engine_path else PATH_COLORS[f] for p, f in zip(rows["path"], rows["fmt"])]
+    fig = go.Figure(go.Bar(
+        x=rows["us"], y=rows["path"], orientation="h", marker_color=colors,
+        text=[f"{u:,.1f} µs · {s:.2f}×" for u, s in zip(rows["us"], rows["speed-up"])], textposition="outside",
+        cliponaxis=False, customdata=rows["KV read (MB)"],
+        hovertemplate="%{y}: %{x:,.1f} µs a call, %{customdata:,.1f} MB of KV read<extra></extra>"))
+    fig.update_layout(
+        title=dict(text=f"One decode attention call: {batch} × {context:,} tokens of context",
+                   subtitle=dict(text=f"{where} · one layer · ×: speed against the engine's BF16 kernel")),
+        xaxis=dict(title="microseconds per call", rangemode="tozero", range=[0, 1.3 * float(frame["us"].max())]),
+        yaxis=dict(title=None, automargin=True), showlegend=False, margin=dict(t=100, r=40))
+    return fig
+
+
+def sweep_figure(frame: pd.DataFrame, batch: int, where: str) -> go.Figure:
+    """Speed-up over the engine's BF16 kernel against the context (`sweep_frame`), one colour per format; the dotted
+    level of each is its bytes ratio, what a purely bandwidth-bound kernel would gain."""
+    fig = go.Figure()
+    ticks = sorted(frame["context"].unique())
+    for fmt, part in frame.groupby("fmt", sort=False):
+        color = PATH_COLORS[fmt]
+        fig.add_scatter(x=part["context"], y=part["speedup"], mode="lines+markers", name=fmt.upper(),
+                        legendgroup=fmt, line=dict(color=color, width=2.5), marker=dict(size=7),
+                        customdata=part["us"],
+                        hovertemplate="%{x:,} tokens: %{y:.2f}× (%{customdata:.1f} µs)<extra>" + fmt.upper() + "</extra>")
+        ideal = float(part["ideal"].iloc[0])
+        if ideal > 1.01:
+            fig.add_scatter(x=[ticks[0], ticks[-1]], y=[ideal, ideal], mode="lines", legendgroup=fmt,
+                            showlegend=False, line=dict(color=color, dash="dot", width=1.5),
+                            hovertemplate=f"{fmt.upper()} reads 1/{ideal:.2f} of BF16's bytes<extra></extra>")
+    fig.update_layout(
+        title=dict(text=f"What fewer bits buy a decode step, batch {batch}",
+                   subtitle=dict(text=f"{where} · dotted: the bytes ratio, a bandwidth-bound kernel's ceiling")),
+        xaxis=dict(title="context per sequence (tokens, log scale)", type="log", tickvals=ticks,
+                   ticktext=[f"{t // 1024}k" for t in ticks]),
+        yaxis=dict(title="speed-up over BF16", rangemode="tozero"),
+        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(t=110, b=110))
+    return fig

@@ -234,6 +234,7 @@ def paged_decode_quant_triton(
     num_warps: int = 4,
     num_stages: int | None = None,
     page_loads: str = "asm",
+    maxnreg: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention over `pool` for one query row per sequence. `splits` overrides the plan (tests); `block_n`,
@@ -277,7 +278,8 @@ def paged_decode_quant_triton(
            NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
            BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, KIND=KIND_CODES[pool.fmt.name],
            ASM_PAGES=page_loads == "asm" and not _INTERPRET,
-           num_warps=num_warps, num_stages=(1 if _INTERPRET else NUM_STAGES) if num_stages is None else num_stages)
+           num_warps=num_warps, num_stages=(1 if _INTERPRET else NUM_STAGES) if num_stages is None else num_stages,
+           **({} if maxnreg is None or _INTERPRET else {"maxnreg": maxnreg}))
     if splits > 1:
         starts = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
         reduce_partials(out, pm, pl, pacc, starts, 1, batch, splits)

@@ -188,3 +188,27 @@ def test_lab_pages_run_their_default_on_a_gpu_server(gpu_app: AppTest, page_file
     text = _texts(at)
     if page_file not in ("18_activation_quantization.py", "19_parallelism.py"):  # those labs run in fp32 on the CPU
         assert torch.cuda.get_device_name() in text, text[:800]
+
+
+def test_quantspec_section_on_the_gpu(gpu_app: AppTest) -> None:
+    """The speculative page's self-speculation lab on a GPU server (bf16, the KV lab on CUDA): every format with
+    16-bit and INT4 draft weights runs, and each text is the target's own."""
+    at = open_page(gpu_app, "07_speculative_decoding.py")
+    assert_clean(at)
+    at.number_input(key="spec-qs-tokens").set_value(8)
+    at.button(key="FormSubmitter:spec-qs-form-Self-speculate with every cache format").click().run(timeout=300)
+    assert_clean(at)
+    table = at.dataframe[-1].value
+    assert len(table) == 8, table
+    assert {m.label for m in at.metric} >= {"Same text as the target alone", "Best tokens per target pass"}
+
+
+def test_latent_kv_section_on_the_gpu(gpu_app: AppTest) -> None:
+    """The KV cache page's MLA lab on a GPU server: the factoring and the latent decoder run there too."""
+    at = open_page(gpu_app, "01_kv_cache.py")
+    assert_clean(at)
+    at.selectbox(key="kv-mla-rank").set_value(64)
+    at.number_input(key="kv-mla-tokens").set_value(4)
+    at.button(key="FormSubmitter:kv-mla-form-Factor, score and answer").click().run(timeout=300)
+    assert_clean(at)
+    assert next(m for m in at.metric if m.label == "Numbers cached per token and layer").value == "64"

@@ -127,7 +127,7 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     # No GPU here: the kernel section says so and shows the H200's measured call (six paths).
     assert any("No CUDA GPU on this server" in c.value for c in at.caption)
     kernel_call = next(d.value for d in at.dataframe if "bytes ratio" in d.value.columns)
-    assert len(kernel_call) == 6 and kernel_call["path"].iloc[0] == "engine kernel, BF16 pool"
+    assert len(kernel_call) == 6 and kernel_call["path"].iloc[0] == "engine kernel · BF16"
     at.selectbox(key=f"{PREFIX}-preset").set_value("Eviction at a 64-token budget").run()
     at.number_input(key=f"{PREFIX}-tokens").set_value(4)
     at.button(key=SUBMIT).click().run()

@@ -13,12 +13,12 @@ from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, FormatTiming, Quan
 
 MEASURED_H200 = Path(__file__).resolve().parents[2] / "bench" / "results" / "kv_quant_decode_h200.json"
 BENCH_COMMAND = "python3 bench/kv_quant_decode.py"
-ENGINE_LABEL = "engine kernel, BF16 pool"
-UNFUSED_LABEL = "INT4 dequantized to a BF16 copy, then the engine kernel"
+ENGINE_LABEL = "engine kernel · BF16"
+UNFUSED_LABEL = "INT4 → BF16 copy → engine kernel"
 
 
 def fused_label(fmt: str) -> str:
-    return f"fused kernel, {FORMATS[fmt].label.split(' (')[0]} pool"
+    return f"fused kernel · {FORMATS[fmt].label.split(' (')[0]}"
 
 
 def load_measured(path: Path = MEASURED_H200) -> tuple[str, list[QuantDecodeTimings]] | None:

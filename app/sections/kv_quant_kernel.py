@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from kernels.quant_decode_timing import QuantDecodeTimings, time_quant_decode
+from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, QuantDecodeTimings, time_quant_decode
 
 from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, sweep_frame
 from app.charts.kv_quant_kernel import call_figure, sweep_figure
@@ -58,11 +58,12 @@ def _verdict(timings: list[QuantDecodeTimings]) -> str:
     unfused = [t.unfused_int4_us / t.engine_bf16_us for t in timings]
     best = max(t.speedup(fmt) for t in timings for fmt in ("fp8", "int8", "int4"))
     if best < 1:
-        outcome = ("The fused kernel reads a half or a quarter of the bytes and is still not faster: per key, "
+        ratios = [BF16_BYTES_PER_TOKEN / timings[0].format(f).bytes_per_token for f in ("fp8", "int4")]
+        outcome = ("The fused kernel reads a half to a third of the bytes and is still not faster: per key, "
                    "unpacking and converting codes costs as much time as the bytes saved. Here a low-bit cache buys "
-                   "**capacity** (the table above: two to four times the tokens in the same memory, so bigger "
-                   "batches), not a faster step; beating BF16 per call needs cheaper conversions or heads with more "
-                   "work per byte.")
+                   f"**capacity** ({ratios[0]:.1f}× the tokens in the same memory in FP8, {ratios[1]:.1f}× in INT4, "
+                   "so bigger batches), not a faster step; beating BF16 per call needs cheaper conversions or heads "
+                   "with more work per byte.")
     else:
         outcome = (f"At its best a low-bit pool ran {best:.2f}× as fast as BF16: fewer bytes paid for the "
                    "conversions where the step waited for memory.")
@@ -73,12 +74,11 @@ def _verdict(timings: list[QuantDecodeTimings]) -> str:
 def _call_view(t: QuantDecodeTimings, where: str, key: str) -> None:
     frame = call_frame(t)
     show_figure(call_figure(frame, t.batch, t.context, where), key=key, height=360, export_width=1100)
-    table = frame[["path", "bytes_per_token", "KV read (MB)", "us", "speed-up", "bytes ratio", "TB/s", "error"]]
+    table = frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]]
     st.dataframe(table, hide_index=True, width="stretch", column_config={
         "path": st.column_config.TextColumn("Path"),
         "bytes_per_token": st.column_config.NumberColumn("Bytes per token", format="%,d",
                                                          help="one layer's K and V, all 3 KV heads, scales included"),
-        "KV read (MB)": st.column_config.NumberColumn(format="%,.1f"),
         "us": st.column_config.NumberColumn("µs per call", format="%,.1f"),
         "speed-up": st.column_config.NumberColumn("vs engine BF16", format="%.2f×"),
         "bytes ratio": st.column_config.NumberColumn("Bytes ratio", format="%.2f×",

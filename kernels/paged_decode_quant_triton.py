@@ -42,8 +42,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 KIND_CODES = {"bf16": 0, "fp8": 1, "int8": 2, "int4": 3}
 INT4_GROUP = 32
-# K/V tile height on a GPU, and pipeline stages: the engine kernel's decode choices (128-key tiles,
-# 3 stages), kept so the comparison isolates the format. The interpreter takes 16-key tiles.
+# K/V tile height on a GPU, and pipeline stages: the engine kernel's decode choices (128-key tiles, 3 stages),
+# also the best of bench/kv_quant_decode_sweep.py at 8k for every format. The interpreter takes 16-key tiles.
 BLOCK_N = 128
 NUM_STAGES = 3
 
@@ -110,7 +110,6 @@ def _quant_decode_partial(
         q1 = tl.load(q_row + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0).to(dot_t)
         q_sum0 = tl.sum(q0.to(tl.float32), 1)
         q_sum1 = tl.sum(q1.to(tl.float32), 1)
-        q = q0
     else:
         q = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(dot_t)
 
@@ -216,7 +215,7 @@ def _quant_decode_partial(
 def decode_splits(batch: int, hq: int, hkv: int, max_seq_len: int, device: torch.device) -> int:
     """How many ways each context is split: the engine kernel's decode plan at this kernel's tile height, without
     its single pass for short contexts, which is tuned for BF16: at B = 64 and 2k tokens two splits take FP8 from
-    48 to 34 us and INT4 from 78 to 53 (bench/kv_quant_decode_splits_probe.py)."""
+    48 to 34 us and INT4 from 78 to 53 (bench/kv_quant_decode_sweep.py --splits, bench/NOTES_kv_quant_decode.md)."""
     return plan(batch, hq, hkv, 1, max_seq_len, device, block_n=16 if _INTERPRET else BLOCK_N,
                 single_pass_len=None if _INTERPRET else 0)["splits"]
 
@@ -238,7 +237,8 @@ def paged_decode_quant_triton(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention over `pool` for one query row per sequence. `splits` overrides the plan (tests); `block_n`,
-    `num_warps`, `num_stages` and `page_loads` the launch (bench/kv_quant_decode_sweep.py)."""
+    `num_warps`, `num_stages`, `page_loads` and `maxnreg` (registers per thread) the launch, for the bench's
+    sweep (bench/kv_quant_decode_sweep.py)."""
     batch, hq, d = q.shape
     hkv, page = pool.kv_heads, pool.page_size
     if pool.fmt.name not in KIND_CODES:
@@ -269,17 +269,17 @@ def paged_decode_quant_triton(
     else:
         pm = pl = pacc = out
     _quant_decode_partial[(splits * hkv, batch)](
-           q, k_codes, ks, kz, v_codes, vs, vz, block_tables, seq_lens,
-           out, pm, pl, pacc,
-           float(scale) * _LOG2E,
-           q.stride(0), q.stride(1),
-           block_tables.stride(0), block_tables.shape[1],
-           out.stride(0), out.stride(1),
-           NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
-           BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, KIND=KIND_CODES[pool.fmt.name],
-           ASM_PAGES=page_loads == "asm" and not _INTERPRET,
-           num_warps=num_warps, num_stages=(1 if _INTERPRET else NUM_STAGES) if num_stages is None else num_stages,
-           **({} if maxnreg is None or _INTERPRET else {"maxnreg": maxnreg}))
+        q, k_codes, ks, kz, v_codes, vs, vz, block_tables, seq_lens,
+        out, pm, pl, pacc,
+        float(scale) * _LOG2E,
+        q.stride(0), q.stride(1),
+        block_tables.stride(0), block_tables.shape[1],
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=splits, HKV=hkv, GROUP=group, HEAD_DIM=d, PAGE=page,
+        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, KIND=KIND_CODES[pool.fmt.name],
+        ASM_PAGES=page_loads == "asm" and not _INTERPRET,
+        num_warps=num_warps, num_stages=(1 if _INTERPRET else NUM_STAGES) if num_stages is None else num_stages,
+        **({} if maxnreg is None or _INTERPRET else {"maxnreg": maxnreg}))
     if splits > 1:
         starts = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
         reduce_partials(out, pm, pl, pacc, starts, 1, batch, splits)

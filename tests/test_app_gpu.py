@@ -152,7 +152,7 @@ def test_kv_compression_page_times_the_fused_kernel_live(gpu_app: AppTest) -> No
     assert len(frame) == 6 and (frame["us"] > 0).all()
     fused = frame[frame["path"].str.startswith("fused kernel")]
     assert len(fused) == 4 and (fused["error"] < 2e-2).all(), fused
-    assert len(at.get("plotly_chart")) == charts + 1  # the live call's bars
+    assert len(at.get("plotly_chart")) == charts + 2  # the live call's bars and its roofline
 
 
 def test_slo_page_on_the_gpu(gpu_app: AppTest) -> None:

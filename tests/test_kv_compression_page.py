@@ -122,8 +122,9 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     assert len(table) == 1 + len(PRESETS["Storage formats"])
     assert table["Variant"].iloc[0].startswith("Reference")
     assert "torch path on every device" in " ".join(c.value for c in at.caption)
-    # trade-off, KL by position, channels, round-trip errors, sink; the fused kernel's H200 sweep and one call
-    assert len(at.get("plotly_chart")) == 7
+    # trade-off, KL by position, channels, round-trip errors, sink; the fused kernel's H200 sweep, one call's times
+    # and that call on the roofline
+    assert len(at.get("plotly_chart")) == 8
     # No GPU here: the kernel section says so and shows the H200's measured call (six paths).
     assert any("No CUDA GPU on this server" in c.value for c in at.caption)
     kernel_call = next(d.value for d in at.dataframe if "bytes ratio" in d.value.columns)
@@ -136,7 +137,7 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     assert len(table) == 4 and (table["Tokens"].iloc[1:] == 64).all()
     picker = at.selectbox(key=f"{PREFIX}-evict-variant")
     assert picker.options[0].startswith("FP32 · window 64") and picker.value == "FP32 · H2O 64"
-    assert len(at.get("plotly_chart")) == 8  # the kept-token map joins the seven
+    assert len(at.get("plotly_chart")) == 9  # the kept-token map joins the eight
     # An empty prompt is a message; the eviction run stays on screen.
     at.text_area(key=f"{PREFIX}-prompt").set_value("   ")
     at.button(key=SUBMIT).click().run()

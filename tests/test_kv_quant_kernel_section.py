@@ -55,3 +55,28 @@ def test_measured_h200_file_reads_back() -> None:
 
 def test_missing_file_is_none(tmp_path: Path) -> None:
     assert load_measured(tmp_path / "absent.json") is None
+
+
+def test_roofline_points_divide_the_call_flops_by_the_pool_bytes() -> None:
+    """Each format at FLOPs per pool byte and achieved FLOP/s; a kernel that streams at the roof's bandwidth
+    reaches 100 % of it, and FP8 and INT8 (the same bytes) share an intensity."""
+    from app.analysis.kv_quant_kernel import call_flops, roofline_frame
+    from app.charts.kv_quant_kernel import roofline_figure
+    from kernels.ceilings import Ceilings
+
+    c = Ceilings(1e15, 4e12, "test", "bfloat16")
+    tokens = 64 * 8192
+    at_roof_us = tokens * 768 / 4e12 * 1e6  # BF16's bytes at exactly the roof's bandwidth
+    t = _timings(64, 8192, at_roof_us, {"bf16": 2 * at_roof_us, "fp8": at_roof_us, "int8": 2 * at_roof_us,
+                                        "int4": at_roof_us})
+    frame = roofline_frame(t, c)
+    assert list(frame["fmt"]) == ["bf16", "fp8", "int8", "int4"]  # the engine's BF16 point stands for BF16
+    assert call_flops(64, 8192) == 4 * 64 * 9 * 8192 * 64
+    assert frame["intensity"].iloc[0] == pytest.approx(call_flops(64, 8192) / (tokens * 768))
+    assert frame["intensity"].iloc[1] == frame["intensity"].iloc[2]
+    assert frame["of_roof"].iloc[0] == pytest.approx(1.0)
+    assert frame["of_roof"].iloc[1] == pytest.approx(396 / 768)  # half the bytes in the same time: half the roof
+    fig = roofline_figure(frame, c, 64, 8192, "test")
+    labels = {tr.name: tr.textposition for tr in fig.data if tr.mode == "markers+text"}
+    assert len(labels) == 4 and {labels["fused kernel · FP8 e4m3"], labels["fused kernel · INT8"]} == {
+        "top center", "bottom center"}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from engine.kv_compression.formats import FORMATS
-from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, FormatTiming, QuantDecodeTimings
+from kernels.ceilings import Ceilings
+from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, D, HQ, FormatTiming, QuantDecodeTimings
 
 MEASURED_H200 = Path(__file__).resolve().parents[2] / "bench" / "results" / "kv_quant_decode_h200.json"
 BENCH_COMMAND = "python3 bench/kv_quant_decode.py"
@@ -58,3 +59,20 @@ def sweep_frame(timings: Sequence[QuantDecodeTimings], batch: int) -> pd.DataFra
                  ideal=BF16_BYTES_PER_TOKEN / f.bytes_per_token)
             for t in timings if t.batch == batch for f in t.formats]
     return pd.DataFrame(rows)
+
+
+def call_flops(batch: int, context: int) -> float:
+    """FLOPs of one decode attention call: q·K and p·V, 2 FLOPs a multiply-add, every query head over every key."""
+    return 2 * 2 * batch * HQ * context * D
+
+
+def roofline_frame(t: QuantDecodeTimings, c: Ceilings) -> pd.DataFrame:
+    """The engine kernel and the fused formats as roofline points: FLOPs per pool byte read (intensity), achieved
+    FLOP/s, and the share of the bandwidth roof at that intensity they reach."""
+    frame = call_frame(t)
+    frame = frame[frame["fmt"] != "unfused"].drop_duplicates("fmt")  # the engine's BF16 stands for BF16
+    tokens = t.batch * t.context
+    flops = call_flops(t.batch, t.context)
+    frame = frame.assign(intensity=flops / (frame["bytes_per_token"] * tokens), flops_per_s=flops / (frame["us"] * 1e-6))
+    frame["of_roof"] = frame["flops_per_s"] / [c.attainable(i) for i in frame["intensity"]]
+    return frame[["path", "fmt", "intensity", "flops_per_s", "of_roof", "us"]].reset_index(drop=True)

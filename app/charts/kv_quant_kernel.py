@@ -1,10 +1,18 @@
-"""Charts of the fused low-bit decode kernel: one call's time by path, and the speed-up by context."""
+"""Charts of the fused low-bit decode kernel: one call's time by path, the speed-up by context, and the calls on the
+device's roofline."""
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from kernels.ceilings import Ceilings
+
+from app.analysis.roofline_math import log_range
+from app.charts.axes import log_axis
 from app.charts.quantspec import FORMAT_COLORS
+from app.charts.roofline import fmt_rate
 from app.theme import BASELINE_COLOR, MUTED
 
 PATH_COLORS = {**FORMAT_COLORS, "bf16": "#56B4E9", "unfused": BASELINE_COLOR}
@@ -52,4 +60,41 @@ def sweep_figure(frame: pd.DataFrame, batch: int, where: str) -> go.Figure:
                    ticktext=[f"{t // 1024}k" for t in ticks]),
         yaxis=dict(title="speed-up over BF16", rangemode="tozero"),
         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(t=110, b=110))
+    return fig
+
+
+def roofline_figure(frame: pd.DataFrame, c: Ceilings, batch: int, context: int, where: str) -> go.Figure:
+    """Each path of one call (`app.analysis.kv_quant_kernel.roofline_frame`) at its intensity (FLOPs per pool byte)
+    and achieved FLOP/s, under the bandwidth roof β·I: fewer bytes move a point right, and it stays on the roof
+    only if the kernel is still waiting for memory."""
+    x_lo, x_hi = 1.0, 4 * float(frame["intensity"].max())
+    xs = log_range(x_lo, x_hi)
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=[c.attainable(x) for x in xs], mode="lines", name=f"bandwidth roof β·I, β = "
+                    f"{fmt_rate(c.peak_bytes_per_s, 'B/s')}", line=dict(color="#111827", width=3), hoverinfo="skip")
+    for row in frame.itertuples():
+        color = MUTED if row.path == frame["path"].iloc[0] else PATH_COLORS[row.fmt]
+        # FP8 and INT8 read the same bytes, so they share an intensity: the lower point is labelled below, the
+        # other above.
+        at = round(row.intensity, 3)
+        twin = frame[(frame["intensity"].round(3) == at)]
+        below = len(twin) == 1 or row.flops_per_s <= float(twin["flops_per_s"].min())
+        fig.add_scatter(x=[row.intensity], y=[row.flops_per_s], mode="markers+text", name=row.path,
+                        text=[f"{row.fmt.upper()} {row.of_roof:.0%}"],
+                        textposition="bottom center" if below else "top center",
+                        marker=dict(size=15, color=color, line=dict(color="#1F2937", width=1)),
+                        hovertemplate=f"{row.path}: I = %{{x:.2f}} FLOP/B, %{{y:.3s}}FLOP/s, {row.of_roof:.0%} of the "
+                                      "roof there<extra></extra>")
+    y_hi = c.attainable(x_hi) * 1.5
+    y_lo = float(frame["flops_per_s"].min()) / 3
+    fig.update_xaxes(**log_axis(), range=[math.log10(x_lo), math.log10(x_hi)],
+                     title_text="FLOPs per byte of KV read (log)")
+    fig.update_yaxes(**log_axis(si=True), range=[math.log10(y_lo), math.log10(y_hi)],
+                     title_text="achieved FLOP/s (log)")
+    fig.update_layout(
+        title=dict(text=f"The same call on the roofline: {batch} × {context:,} tokens",
+                   subtitle=dict(text=f"{where} · %: of the roof at that intensity · the compute roof "
+                                      f"({fmt_rate(c.peak_flops, 'FLOP/s')}) is far above, from "
+                                      f"{c.ridge:.0f} FLOP/B")),
+        legend=dict(orientation="h", yanchor="top", y=-0.25, x=0), margin=dict(t=110, b=120))
     return fig

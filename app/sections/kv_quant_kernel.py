@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from kernels.ceilings import Ceilings, ceilings_for, lookup_ceilings
 from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, QuantDecodeTimings, time_quant_decode
 
-from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, sweep_frame
-from app.charts.kv_quant_kernel import call_figure, sweep_figure
+from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, roofline_frame, sweep_frame
+from app.charts.kv_quant_kernel import call_figure, roofline_figure, sweep_figure
 from app.runtime import device, device_label
 from app.state import mark_requested, page_settings, run_on_request, submitted_settings
 from app.theme import show_figure
@@ -45,7 +46,9 @@ def _intro() -> None:
     st.markdown("Whether that is faster depends on what the step is short of. Fewer bytes help only a kernel that "
                 "waits for memory; every key now also costs the work of turning its codes into numbers the tensor "
                 "cores take, and with SmolLM2's small heads (3 KV heads of 64) the 16-bit kernel is already close "
-                "to that balance. The measurements below say how it comes out.")
+                "to that balance. The measurements below say how it comes out, and the roofline says why: a kernel that "
+                "still waits for memory sits on the bandwidth roof; one that has run out of instructions per second "
+                "falls below it.")
 
 
 def _verdict(timings: list[QuantDecodeTimings]) -> str:
@@ -71,9 +74,12 @@ def _verdict(timings: list[QuantDecodeTimings]) -> str:
             f"into a copy first is {min(unfused):.0f}–{max(unfused):.0f}× slower.")
 
 
-def _call_view(t: QuantDecodeTimings, where: str, key: str) -> None:
+def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings | None) -> None:
     frame = call_frame(t)
     show_figure(call_figure(frame, t.batch, t.context, where), key=key, height=360, export_width=1100)
+    if ceilings is not None:
+        show_figure(roofline_figure(roofline_frame(t, ceilings), ceilings, t.batch, t.context, where),
+                    key=f"{key}-roofline", height=440, export_width=1100)
     table = frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]]
     st.dataframe(table, hide_index=True, width="stretch", column_config={
         "path": st.column_config.TextColumn("Path"),
@@ -106,7 +112,8 @@ def _measured_view(page: str) -> None:
     shapes = [(t.batch, t.context) for t in timings]
     pick = st.selectbox("One call in detail", shapes, index=shapes.index((64, 8192)) if (64, 8192) in shapes else 0,
                         format_func=lambda s: f"batch {s[0]} × {s[1]:,} tokens", key=f"{page}-qk-h200-shape")
-    _call_view(next(t for t in timings if (t.batch, t.context) == pick), where, f"{page}-qk-h200-call")
+    _call_view(next(t for t in timings if (t.batch, t.context) == pick), where, f"{page}-qk-h200-call",
+               lookup_ceilings(name))
     st.markdown(_verdict(timings))
     st.caption(f"Measured on an {name} with `{BENCH_COMMAND}` (bench/results/kv_quant_decode_h200.json): SmolLM2's "
                "decode shape, shuffled 16-token pages, each call replayed from a CUDA graph over input sets four "
@@ -132,7 +139,7 @@ def _live_view(page: str) -> None:
                             "Press **Time the kernels on this GPU**: every format's pool is built and quantized, then "
                             "each call is replayed from a CUDA graph (a few seconds).")
     if result is not None:
-        _call_view(result, f"measured live on {device_label()}", f"{key}-call")
+        _call_view(result, f"measured live on {device_label()}", f"{key}-call", ceilings_for(device(), prefer_table=True))
         st.markdown(_verdict([result]))
     with st.expander(f"The sweep measured on an H200 ({BENCH_COMMAND})"):
         _measured_view(page)

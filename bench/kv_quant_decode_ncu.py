@@ -1,11 +1,12 @@
-"""A few launches of each decode kernel at B = 64, L = 8k for Nsight Compute (CUDA only; no timing):
+"""One launch of each decode kernel at B = 64, L = 8k, for Nsight Compute (CUDA only; no timing):
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section InstructionStats \\
-        --section ComputeWorkloadAnalysis -k regex:"quant_decode_partial|paged_attn_partial" -c 5 \\
-        python3 bench/kv_quant_decode_ncu.py
+        --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \\
+        -k regex:"quant_decode_partial|paged_attn_partial" -c 5 python3 bench/kv_quant_decode_ncu.py
 
-The engine's BF16 kernel first, then the fused kernel on BF16, FP8, INT8 and INT4 pools (one launch each after
-a warm-up compile outside the profiled range is not possible with -c, so each runs once: ncu skips nothing).
+The engine's BF16 kernel first, then the fused kernel on BF16, FP8, INT8 and INT4 pools: five launches, the
+five ncu profiles (results/kv_quant_decode_ncu_h200.txt). Each kernel compiles on its first call, outside what
+ncu measures.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from engine.kv_compression.formats import get_format
 from kernels.paged_decode_quant_ref import paged_decode_quant_ref
 from kernels.quant_kv_pool import KERNEL_FORMATS, QuantizedPool, quantize_pool
 
@@ -95,7 +96,7 @@ def graph_time_us(calls: list[Callable[[], object]], reps: int = 100) -> float:
 
 
 def _format_sets(fmt: str, batch: int, context: int, gen: torch.Generator) -> list[dict]:
-    per_token = quantize_pool(torch.zeros(1, PAGE, HKV, D), torch.zeros(1, PAGE, HKV, D), fmt).bytes_per_token()
+    per_token = get_format(fmt).bytes_per_token(1, HKV, D)  # one layer's K and V, scales included
     sets = []
     for _ in range(rotating_sets(batch * context * per_token)):
         s = _decode_set(batch, context, gen)

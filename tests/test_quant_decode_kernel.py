@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_kernels import make_paged, ref_tables, rel_err
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.test_kernels import make_paged, ref_tables, rel_err  # noqa: E402
 
 HAS_TRITON = __import__("importlib").util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()

@@ -16,6 +16,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
+from kernels.graph_capture import capture_graph
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -99,7 +100,7 @@ class DecodeGraphRunner:
                 self.model.forward(batch, self.pool)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
+        with capture_graph(graph, pool=self.mempool):
             self.outputs[n] = self.model.forward(batch, self.pool)
         self.graphs[n] = graph
         self.capture_seconds += time.perf_counter() - t0

@@ -26,6 +26,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
+from kernels.graph_capture import capture_graph, gc_paused
 from kernels.launch_tape import LaunchTape
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -113,11 +114,12 @@ class PiecewiseGraphRunner:
                 piece()
         torch.cuda.current_stream().wait_stream(stream)
         cap = _Captured()
-        for piece in self._pieces(n, cap):  # captured in the order they replay (they share one pool)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.mempool):
-                piece()
-            cap.graphs.append(g)
+        with gc_paused():  # no collection between the pieces either (kernels/graph_capture.py)
+            for piece in self._pieces(n, cap):  # captured in the order they replay (they share one pool)
+                g = torch.cuda.CUDAGraph()
+                with capture_graph(g, pool=self.mempool):
+                    piece()
+                cap.graphs.append(g)
         self.captured[n] = cap
         self.capture_seconds += time.perf_counter() - t0
         return cap

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from engine.kv_compression.formats import get_format
+from kernels.graph_capture import capture_graph
 from kernels.paged_decode_quant_ref import paged_decode_quant_ref
 from kernels.quant_kv_pool import KERNEL_FORMATS, QuantizedPool, quantize_pool
 
@@ -78,7 +79,7 @@ def graph_time_us(calls: list[Callable[[], object]], reps: int = 100) -> float:
         c()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_graph(graph):
         for c in calls:
             c()
     for _ in range(5):

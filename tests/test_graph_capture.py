@@ -1,0 +1,109 @@
+"""The collector pause around CUDA graph captures (kernels/graph_capture.py): garbage made inside waits
+until the block ends, nesting and threads restore the collector's state once, and on a GPU a dead
+engine's graphs are never destroyed while another engine captures."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from kernels.graph_capture import gc_paused
+
+
+class _Cycle:
+    """A self-referencing object that only the collector can free; records when it was freed."""
+    def __init__(self, log: list[str], tag: str) -> None:
+        self.me, self.log, self.tag = self, log, tag
+
+    def __del__(self) -> None:
+        self.log.append(self.tag)
+
+
+@pytest.fixture
+def eager_collector():
+    """Collect after every allocation of a container, so that a pause is the only thing stopping it."""
+    old, was = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    yield
+    gc.set_threshold(*old)
+    (gc.enable if was else gc.disable)()
+
+
+def test_garbage_made_inside_waits_until_the_block_ends(eager_collector) -> None:
+    freed: list[str] = []
+    with gc_paused():
+        _Cycle(freed, "inside")
+        for _ in range(1000):
+            [[] for _ in range(3)]  # allocations that would trigger a collection
+        assert freed == [] and not gc.isenabled()
+    assert gc.isenabled()
+    for _ in range(10):
+        [[] for _ in range(3)]
+    assert freed == ["inside"]
+
+
+def test_nesting_and_a_disabled_collector_are_restored(eager_collector) -> None:
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still holds the pause
+    assert gc.isenabled()
+    gc.disable()
+    with gc_paused():
+        pass
+    assert not gc.isenabled()  # it was off before: left off
+
+
+def test_overlapping_blocks_in_two_threads(eager_collector) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with gc_paused():
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=other)
+    with gc_paused():
+        t.start()
+        entered.wait(5)
+    assert not gc.isenabled()  # this thread left first; the other one still captures
+    release.set()
+    t.join(5)
+    assert gc.isenabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_dead_engines_graphs_are_not_freed_during_a_capture(random_weights, eager_collector) -> None:
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    gc.set_threshold(200, 5, 1)  # a full collection every ~1,000 allocations: often, yet bearable
+    seen_capturing: list[bool] = []
+
+    class _Witness:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            seen_capturing.append(torch.cuda.is_current_stream_capturing())
+
+    def run_engine() -> LLMEngine:
+        engine = LLMEngine(EngineConfig(weights="random", device="cuda", num_blocks=128, max_model_len=256,
+                                        cuda_graphs=True, profile_kernels=False), random_weights)
+        engine.add_request(list(range(1, 40)), SamplingParams(max_tokens=6, ignore_eos=True))
+        while engine.has_work():
+            engine.step()
+        return engine
+
+    for _ in range(3):
+        dead = run_engine()
+        dead.witness = _Witness()  # freed with the engine, by the collector (a cycle)
+        dead.witness.engine = dead
+        del dead
+    gc.collect()
+    assert seen_capturing and not any(seen_capturing)

@@ -116,7 +116,7 @@ def tree_mask_figure(r: dict[str, Any]) -> go.Figure:
     step = 1 if len(labels) <= 26 else 4
     # Column labels stand upright once there are more than a dozen: side by side, 25 of them ("n10", "n11", ...)
     # ran into one string over the 11-pixel columns of a half-width chart at 1280 pixels.
-    fig.update_xaxes(title="key row (context: visible to all)", side="top",
+    fig.update_xaxes(title="key (all rows see the context too)", side="top",
                      tickvals=list(range(0, len(labels), step)), ticktext=ticks[::step],
                      tickangle=-90 if len(labels) > 12 else 0, tickfont=dict(size=10))
     fig.update_yaxes(title="query row", autorange="reversed", tickvals=list(range(0, len(labels), step)),

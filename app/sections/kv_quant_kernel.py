@@ -80,21 +80,26 @@ def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings |
     if ceilings is not None:
         show_figure(roofline_figure(roofline_frame(t, ceilings), ceilings, t.batch, t.context, where),
                     key=f"{key}-roofline", height=440, export_width=1100)
-    table = frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]]
+    # Cells formatted here, so that those with no value (the reference path has no error against itself; the
+    # copy-first path reads and writes a copy, so its pool rate means nothing) read "–" rather than "None".
+    formats = {"bytes_per_token": "{:,.0f}", "us": "{:,.1f}", "speed-up": "{:.2f}×", "bytes ratio": "{:.2f}×",
+               "TB/s": "{:.2f}", "error": "{:.1e}"}
+    table = frame[["path", *formats]].copy()
+    for col, fmt in formats.items():
+        table[col] = [fmt.format(v) if v == v else "–" for v in table[col]]
+
+    def number(label: str, help: str | None = None):
+        return st.column_config.TextColumn(label, help=help, alignment="right")
+
     st.dataframe(table, hide_index=True, width="stretch", column_config={
         "path": st.column_config.TextColumn("Path"),
-        "bytes_per_token": st.column_config.NumberColumn("Bytes per token", format="%,d",
-                                                         help="one layer's K and V, all 3 KV heads, scales included"),
-        "us": st.column_config.NumberColumn("µs per call", format="%,.1f"),
-        "speed-up": st.column_config.NumberColumn("vs engine BF16", format="%.2f×"),
-        "bytes ratio": st.column_config.NumberColumn("Bytes ratio", format="%.2f×",
-                                                     help="BF16's bytes over this format's: a bandwidth-bound kernel's "
-                                                          "ceiling"),
-        "TB/s": st.column_config.NumberColumn("Pool TB/s", format="%.2f",
-                                              help="pool bytes read per second"),
-        "error": st.column_config.NumberColumn("Error vs reference", format="%.1e",
-                                               help="‖out − ref‖ / ‖ref‖ against dequantize-then-attend in fp32: the "
-                                                    "kernel reads the same numbers, so only rounding differs"),
+        "bytes_per_token": number("Bytes per token", "one layer's K and V, all 3 KV heads, scales included"),
+        "us": number("µs per call"),
+        "speed-up": number("vs engine BF16"),
+        "bytes ratio": number("Bytes ratio", "BF16's bytes over this format's: a bandwidth-bound kernel's ceiling"),
+        "TB/s": number("Pool TB/s", "pool bytes read per second"),
+        "error": number("Error vs reference", "‖out − ref‖ / ‖ref‖ against dequantize-then-attend in fp32: the "
+                                              "kernel reads the same numbers, so only rounding differs"),
     })
 
 

@@ -52,7 +52,9 @@ def adapters_table() -> None:
              "parameters": f"{a.num_params:,}", "size (fp16)": human_bytes(a.nbytes(2))}
             for a in bundled().values()]
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        # A static table: its cells wrap, so what each adapter learned is read whole on a projector instead
+        # of pushing the size columns off the right edge of a scrolling grid.
+        st.table(pd.DataFrame(rows).set_index("adapter"))
 
 
 def step_section(session: EngineSession, record: StepRecord, history: list[StepRecord]) -> None:

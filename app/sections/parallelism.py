@@ -53,7 +53,8 @@ def par_explanation() -> None:
         "Three ways to cut a model across GPUs",
         [r"\text{TP: } Y = \textstyle\sum_{r=1}^{p} \big(X W^{\text{in}}_{r}\big) W^{\text{out}}_{r}"
          r"\quad\text{(one all-reduce)}",
-         r"\text{collectives per token} = 2L + 2,\quad \text{per-GPU memory} \approx |W| / p",
+         r"\text{collectives per token} = 2L + 2",
+         r"\text{per-GPU memory} \approx |W| / p",
          r"\text{PP bubble} = \frac{p - 1}{m + p - 1}\quad (m \text{ micro-batches})",
          r"\text{EP: } \tfrac{E}{p} \text{ whole experts per GPU}",
          r"\text{all-to-all per token} \approx 2k\,\tfrac{p-1}{p}\,d"],

@@ -15,6 +15,7 @@ import streamlit as st
 from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_mode
 from app.scenarios import Scenario
 from app.session import EngineSession
+from kernels.device_gate import DEVICE_GATE
 
 T = TypeVar("T")
 
@@ -97,7 +98,11 @@ def _server_run(key: tuple, run: Callable[[], Any]) -> Any:
     the last `_SERVER_RUNS_KEPT` results kept. A failing run stores nothing."""
     with _SERVER_LOCK:
         lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with lock:
+    # Waiting for another visitor's run of the same settings is not GPU work: if that run captures a CUDA
+    # graph, it must not wait for this thread in turn (kernels/device_gate.py).
+    with DEVICE_GATE.released():
+        lock.acquire()
+    try:
         with _SERVER_LOCK:
             if key in _SERVER_RUNS:
                 _SERVER_RUNS.move_to_end(key)
@@ -108,6 +113,8 @@ def _server_run(key: tuple, run: Callable[[], Any]) -> Any:
             while len(_SERVER_RUNS) > _SERVER_RUNS_KEPT:
                 _KEY_LOCKS.pop(_SERVER_RUNS.popitem(last=False)[0], None)
         return result
+    finally:
+        lock.release()
 
 
 def progress_reporter(bar: Any) -> Callable[[str, float], None]:

@@ -26,7 +26,7 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
-from kernels.graph_capture import capture_graph, gc_paused
+from kernels.graph_capture import capture_graph, capture_session
 from kernels.launch_tape import LaunchTape
 
 DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -114,7 +114,7 @@ class PiecewiseGraphRunner:
                 piece()
         torch.cuda.current_stream().wait_stream(stream)
         cap = _Captured()
-        with gc_paused():  # no collection between the pieces either (kernels/graph_capture.py)
+        with capture_session():  # one session for all the pieces (kernels/graph_capture.py)
             for piece in self._pieces(n, cap):  # captured in the order they replay (they share one pool)
                 g = torch.cuda.CUDAGraph()
                 with capture_graph(g, pool=self.mempool):

@@ -1,13 +1,14 @@
-"""CUDA graph capture with Python's garbage collector paused.
+"""CUDA graph captures: alone on the GPU, and with Python's garbage collector paused.
 
-An engine dropped by a page or a test often lives on in a reference cycle until the collector runs, and
-the collector runs whenever enough Python objects have been allocated, which a capture does plenty of.
-If it runs during a capture, the dead engine's CUDA graphs are destroyed while a stream is capturing:
-CUDA refuses (`operation not permitted when stream is capturing (function reset)` from torch's
-CUDAGraph::reset), the old graphs leak, and freeing their memory and pinned buffers races the capture in
-progress. `torch.cuda.graph` stopped collecting before a capture (torch.compiler.config.force_cudagraph_gc,
-off by default, because a full collection per capture is slow), so every capture here pauses automatic
-collection instead; garbage waits until the capture has ended.
+Alone: another thread's synchronize or allocation during a capture fails and invalidates the capture
+(kernels/device_gate.py). Collector: an engine dropped by a page or a test often lives on in a reference cycle
+until the collector runs, and the collector runs whenever enough Python objects have been allocated, which a
+capture does plenty of. If it ran during a capture, the dead engine's graphs would be destroyed while a stream
+is capturing; CUDA refuses (`operation not permitted when stream is capturing (function reset)` from torch's
+CUDAGraph::reset) and invalidates the capture (`operation failed due to a previous error during capture`,
+reproduced on the H200 by tests/test_graph_capture.py with the pause switched off). `torch.cuda.graph` no
+longer collects before a capture (torch.compiler.config.force_cudagraph_gc, off by default, because a full
+collection per capture is slow), so captures here pause automatic collection; garbage waits until they end.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import threading
 from typing import Iterator
 
 import torch
+
+from kernels.device_gate import DEVICE_GATE
 
 
 # Captures can overlap in time (Streamlit runs each session's script in its own thread), and the
@@ -46,7 +49,14 @@ def gc_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def capture_session() -> Iterator[None]:
+    """Around one or more captures: no other thread's GPU work (kernels/device_gate.py) and no collection."""
+    with DEVICE_GATE.exclusive(), gc_paused():
+        yield
+
+
+@contextlib.contextmanager
 def capture_graph(graph: "torch.cuda.CUDAGraph", pool: object | None = None) -> Iterator[None]:
-    """`torch.cuda.graph(graph, pool=pool)` with the collector paused for the whole capture."""
-    with gc_paused(), torch.cuda.graph(graph, pool=pool):
+    """`torch.cuda.graph(graph, pool=pool)` inside a capture session."""
+    with capture_session(), torch.cuda.graph(graph, pool=pool):
         yield

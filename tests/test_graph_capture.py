@@ -107,3 +107,17 @@ def test_a_dead_engines_graphs_are_not_freed_during_a_capture(random_weights, ea
         del dead
     gc.collect()
     assert seen_capturing and not any(seen_capturing)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_capture_beside_another_visitors_steps(random_weights) -> None:
+    """Two Streamlit visitors on one GPU server, as threads: one steps an engine eagerly (syncs, allocations)
+    while the other builds engines that capture CUDA graphs. With the device gate neither side fails and the
+    graph engines' tokens equal a run made alone (bench/capture_beside_other_sessions.py also runs it ungated)."""
+    from bench.capture_beside_other_sessions import graph_engine_tokens, run_with_gate
+
+    alone = {r: graph_engine_tokens(random_weights, seed=r) for r in range(2)}
+    res = run_with_gate(random_weights, "on", 2, alone)
+    assert res["graph_errors"] == [] and res["eager_errors"] == []
+    assert res["graph_runs_equal_to_alone"] == 2 and res["eager_steps_meanwhile"] > 0

@@ -16,7 +16,8 @@ import torch
 from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
-from kernels.graph_capture import capture_graph
+from kernels.device_gate import GpuBusy
+from kernels.graph_capture import capture_graph, capture_session
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -73,7 +74,10 @@ class DecodeGraphRunner:
         """Replay the bucket's graph on the static inputs already written (capturing it first if it is
         new: the capture's warm-up runs store this step's KV, so the inputs must be in place)."""
         if bucket not in self.graphs:
-            self._capture(bucket)
+            try:
+                self._capture(bucket)
+            except GpuBusy:  # the GPU was never free to capture alone: this step runs eagerly, the same sums
+                return self.model.forward(self._batch(bucket), self.pool)[:n]
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n]
 
@@ -91,18 +95,21 @@ class DecodeGraphRunner:
         )
 
     def _capture(self, n: int) -> None:
+        """Warm up and capture bucket n in one capture session, entered before anything runs: if the GPU is
+        never free (GpuBusy), nothing has been done and the caller runs the step eagerly."""
         t0 = time.perf_counter()
-        batch = self._batch(n)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                self.model.forward(batch, self.pool)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with capture_graph(graph, pool=self.mempool):
-            self.outputs[n] = self.model.forward(batch, self.pool)
-        self.graphs[n] = graph
+        with capture_session():
+            batch = self._batch(n)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
+                    self.model.forward(batch, self.pool)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with capture_graph(graph, pool=self.mempool):
+                self.outputs[n] = self.model.forward(batch, self.pool)
+            self.graphs[n] = graph
         self.capture_seconds += time.perf_counter() - t0
 
     def replay_rows(self, tokens: list[int], positions: list[int], slots: list[int], tables: list[list[int]],

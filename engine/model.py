@@ -16,6 +16,7 @@ from engine.forward_batch import ForwardBatch
 from engine.kv_pool import KVPool
 from engine.state_memo import StateDictMemo
 from kernels.cpu_linear import pack_linear_weight
+from kernels.device_gate import GpuBusy
 from kernels.dispatch import Kernels
 from kernels.rope_store_ref import rotate_half_rope
 
@@ -151,7 +152,10 @@ class LlamaModel:
         SiLU and the gating multiply are one pass."""
         self._lora_rows = batch.lora_slots if self.lora is not None else None
         if self.piecewise is not None and self._lora_rows is None and self.piecewise.usable(batch, num_layers):
-            return self.piecewise.hidden_states(batch)
+            try:
+                return self.piecewise.hidden_states(batch)
+            except GpuBusy:  # its graphs could not be captured (nothing ran): this step runs eagerly below
+                pass
         K = self.kernels
         n = batch.num_tokens
         with K.timer.timed("embedding", "torch", 0, n * self.cfg.hidden_size * self.embed.element_size()):

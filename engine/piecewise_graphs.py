@@ -105,16 +105,18 @@ class PiecewiseGraphRunner:
         return [first, *(middle(i) for i in range(1, len(m.layers))), last]
 
     def _capture(self, n: int) -> _Captured:
+        """Warm up and capture every piece of bucket n in one capture session (kernels/graph_capture.py),
+        entered before anything runs: on GpuBusy nothing has been done (LlamaModel then runs the step eagerly)."""
         t0 = time.perf_counter()
-        self.slot_mapping.fill_(-1)  # the warm-up pass below must not write K/V into anyone's slots
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up: Triton compiles and autotunes outside the capture
-            for piece in self._pieces(n, None):
-                piece()
-        torch.cuda.current_stream().wait_stream(stream)
-        cap = _Captured()
-        with capture_session():  # one session for all the pieces (kernels/graph_capture.py)
+        with capture_session():
+            self.slot_mapping.fill_(-1)  # the warm-up pass below must not write K/V into anyone's slots
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm up: Triton compiles and autotunes outside the capture
+                for piece in self._pieces(n, None):
+                    piece()
+            torch.cuda.current_stream().wait_stream(stream)
+            cap = _Captured()
             for piece in self._pieces(n, cap):  # captured in the order they replay (they share one pool)
                 g = torch.cuda.CUDAGraph()
                 with capture_graph(g, pool=self.mempool):

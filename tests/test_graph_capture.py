@@ -121,3 +121,45 @@ def test_a_capture_beside_another_visitors_steps(random_weights) -> None:
     res = run_with_gate(random_weights, "on", 2, alone)
     assert res["graph_errors"] == [] and res["eager_errors"] == []
     assert res["graph_runs_equal_to_alone"] == 2 and res["eager_steps_meanwhile"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_steps_run_eagerly_while_the_gpu_is_never_free_to_capture(random_weights, monkeypatch) -> None:
+    """Another visitor holds the GPU past the capture's patience: the graph engine's steps run eagerly instead
+    (decode and piecewise prefill alike), with the same tokens, and capture once the GPU is free."""
+    import kernels.device_gate as device_gate
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+    from kernels.device_gate import DEVICE_GATE
+
+    def tokens(graphs: bool) -> tuple[LLMEngine, list]:
+        engine = LLMEngine(EngineConfig(weights="random", device="cuda", num_blocks=128, max_model_len=256,
+                                        cuda_graphs=graphs, profile_kernels=False), random_weights)
+        rids = [engine.add_request(list(range(1 + 7 * i, 30 + 11 * i)), SamplingParams(max_tokens=8, ignore_eos=True))
+                for i in range(3)]
+        while engine.has_work():
+            engine.step()
+        return engine, [engine.result(r).token_ids for r in rids]
+
+    _, eager = tokens(False)
+    monkeypatch.setattr(device_gate, "EXCLUSIVE_TIMEOUT_S", 0.05)
+    holding, release = threading.Event(), threading.Event()
+
+    def other_visitor() -> None:
+        with DEVICE_GATE.shared():
+            holding.set()
+            release.wait(60)
+
+    t = threading.Thread(target=other_visitor, daemon=True)
+    t.start()
+    holding.wait(5)
+    try:
+        busy, busy_tokens = tokens(True)
+    finally:
+        release.set()
+        t.join(5)
+    assert busy_tokens == eager and not busy.graph_runner.graphs  # nothing was captured, nothing failed
+    free, free_tokens = tokens(True)
+    assert free_tokens == eager and free.graph_runner.graphs

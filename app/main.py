@@ -13,13 +13,12 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts app/, not the 
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
-import torch  # noqa: E402
 
 from app.presentation import apply_presentation_css, presentation_controls, presentation_on  # noqa: E402
 from app.registry import HOME, pages_by_section  # noqa: E402
 from app.runtime import device  # noqa: E402
 from app.widgets.sidebar import sidebar_status  # noqa: E402
-from kernels.device_gate import DEVICE_GATE  # noqa: E402
+from kernels.device_gate import gpu_work  # noqa: E402
 
 st.set_page_config(page_title="InferScope", page_icon=":material/visibility:", layout="wide",
                    initial_sidebar_state="collapsed" if presentation_on() else "expanded")
@@ -37,10 +36,7 @@ current = st.navigation(nav, position="sidebar")
 apply_presentation_css()
 presentation_controls()
 sidebar_status()
-if torch.device(device()).type == "cuda":
-    # Each visitor's script run is GPU work that another visitor's CUDA graph capture must not overlap
-    # (kernels/device_gate.py); engine steps in Play's fragment reruns hold the gate themselves.
-    with DEVICE_GATE.shared():
-        current.run()
-else:
+# On a GPU each visitor's script run is GPU work that another visitor's CUDA graph capture must not overlap
+# (kernels/device_gate.py); engine steps in Play's fragment reruns hold the gate themselves.
+with gpu_work(device()):
     current.run()

@@ -6,7 +6,6 @@ keeps the records.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from engine.pool_view import light_pool_summary, memory_split, pool_summary
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
                           ScheduledSeq, StepRecord)
 from engine.weights import LoadedWeights, load_weights
-from kernels.device_gate import DEVICE_GATE
+from kernels.device_gate import gpu_work
 from kernels.dispatch import Kernels
 
 Prompt = str | list[int] | list[dict]
@@ -61,7 +60,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None) -> None:
         # On a GPU, building the engine (weights and pool onto the device) and every step are GPU work that a
         # CUDA graph capture in another thread must not overlap (kernels/device_gate.py).
-        with (DEVICE_GATE.shared() if torch.device(config.device).type == "cuda" else contextlib.nullcontext()):
+        with gpu_work(config.device):
             self._build(config, weights)
 
     def _build(self, config: EngineConfig, weights: LoadedWeights | None) -> None:
@@ -300,10 +299,8 @@ class LLMEngine:
     def step(self) -> StepRecord:
         """Run one iteration and return its record. With `overlap_decode`, records arrive one call
         late (a step's tokens are read while the GPU computes the next one); see engine/overlap.py."""
-        if self.device.type == "cuda":
-            with DEVICE_GATE.shared():
-                return self._step()
-        return self._step()
+        with gpu_work(self.device):
+            return self._step()
 
     def _step(self) -> StepRecord:
         if self._ready_records:

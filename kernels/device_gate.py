@@ -21,6 +21,8 @@ import contextlib
 import threading
 from typing import Iterator
 
+import torch
+
 EXCLUSIVE_TIMEOUT_S = 120.0
 
 
@@ -39,15 +41,18 @@ class DeviceGate:
     def _others_busy(self, me: int) -> bool:
         return any(t != me and t not in self._waiting for t in self._shared)
 
+    def _open(self) -> bool:
+        """Fresh shared work may start: no capture under way or asked for (else a stream of short steps from
+        other visitors could keep a capture waiting for ever)."""
+        return self._owner is None and not self._waiting
+
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         """GPU work that may overlap other threads' GPU work, but not a capture."""
         me = threading.get_ident()
         with self._cond:
             if self._owner != me and not self._shared.get(me):
-                # A fresh entry waits for a capture under way or asked for (else a stream of short steps
-                # from other visitors could keep a capture waiting for ever).
-                self._cond.wait_for(lambda: self._owner is None and not self._waiting)
+                self._cond.wait_for(self._open)
             self._shared[me] = self._shared.get(me, 0) + 1
         try:
             yield
@@ -100,9 +105,14 @@ class DeviceGate:
             if depth:
                 with self._cond:
                     if self._owner != me:
-                        self._cond.wait_for(lambda: self._owner is None and not self._waiting)
+                        self._cond.wait_for(self._open)
                     self._shared[me] = self._shared.get(me, 0) + depth
 
 
 # The process's one gate (one GPU per process here; a gate per device would be the same code).
 DEVICE_GATE = DeviceGate()
+
+
+def gpu_work(device: "torch.device | str") -> contextlib.AbstractContextManager:
+    """A shared section of the gate on a CUDA device; nothing on the CPU, where there are no captures."""
+    return DEVICE_GATE.shared() if torch.device(device).type == "cuda" else contextlib.nullcontext()

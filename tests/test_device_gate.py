@@ -167,3 +167,29 @@ def test_a_capture_that_waits_too_long_says_so_and_leaves_the_gate_usable() -> N
     t.join(WAIT)
     with gate.exclusive(timeout_s=WAIT):
         pass
+
+
+@pytest.mark.parametrize("device, gated", [("cuda", True), ("cuda:0", True), ("cpu", False)])
+def test_gpu_work_enters_the_gate_only_on_a_gpu(device: str, gated: bool) -> None:
+    from kernels.device_gate import DEVICE_GATE, gpu_work
+
+    inside, release = threading.Event(), threading.Event()
+
+    def working() -> None:
+        with gpu_work(device):
+            inside.set()
+            release.wait(WAIT)
+
+    t = _thread(working)
+    inside.wait(WAIT)
+    try:
+        if gated:
+            with pytest.raises(GpuBusy):
+                with DEVICE_GATE.exclusive(timeout_s=0.1):
+                    pass
+        else:
+            with DEVICE_GATE.exclusive(timeout_s=WAIT):
+                pass
+    finally:
+        release.set()
+        t.join(WAIT)

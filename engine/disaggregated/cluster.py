@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights, load_weights
-from kernels.device_gate import DEVICE_GATE
+from kernels.device_gate import gpu_work
 
 MAX_IDLE_JUMPS = 10_000  # a tick that finds nothing to do after this many events is a bug, not a wait
 
@@ -132,10 +132,8 @@ class DisaggregatedEngine:
 
     # ---- one tick ---------------------------------------------------------------------------------
     def step(self) -> ClusterStepRecord:
-        if self.device.type == "cuda":  # the KV handoffs too are GPU work a capture must not overlap
-            with DEVICE_GATE.shared():
-                return self._step()
-        return self._step()
+        with gpu_work(self.device):  # the KV handoffs too are GPU work a capture must not overlap
+            return self._step()
 
     def _step(self) -> ClusterStepRecord:
         P, D = self.prefill, self.decode

@@ -2,7 +2,7 @@
 their noun in the right number."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +22,12 @@ def fmt_duration(seconds: float) -> str:
         return f"{seconds:.3g} s"
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s"
+
+
+def cells_or_dash(values: Iterable[float | None], spec: str) -> list[str]:
+    """Table cells formatted by `spec` ("{:.1f}", "{:+.0%}"), and "–" where there is no value (None or NaN),
+    which a data table would otherwise print as "None"."""
+    return ["–" if v is None or v != v else spec.format(v) for v in values]
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -160,6 +160,22 @@ def assert_buttons_fit(pg) -> None:  # noqa: ANN001
     assert not cut, f"button or label text cut off: {sorted(set(cut))}"
 
 
+def assert_tables_fit(pg) -> None:  # noqa: ANN001
+    """Every data table shows all its columns without scrolling sideways: at 1280 pixels the load test's
+    table of runs hid its last two columns, the per-request table beside its scatter three, and the
+    speculative benchmark, the weight-quantization results, the LoRA timings, QuantSpec's runs and the
+    constrained modes one to eight each. Not the data editors in forms: the request editor is a spreadsheet
+    of twelve fields whose headers carry an edit icon, and its sampling fields scroll into view (squeezed to
+    fit, every header was cut to two or three letters)."""
+    wide = pg.evaluate("""() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+        .filter(df => !df.closest('[data-testid="stForm"]')).flatMap(df => {
+        const s = df.querySelector('.dvn-scroller');
+        return s && s.scrollWidth > s.clientWidth + 1
+            ? [`${s.scrollWidth} px of columns in ${s.clientWidth} px: ` + [...df.querySelectorAll('th')]
+                .map(h => h.innerText).join(' | ').slice(0, 100)] : []; })""")
+    assert not wide, f"tables wider than their place: {wide}"
+
+
 def assert_formulas_fit(pg) -> int:  # noqa: ANN001
     """Every formula of the explanation panel is drawn whole inside its column (no KaTeX error, nothing past
     the column's right edge); returns how many there are."""
@@ -336,6 +352,7 @@ def test_home(server, page) -> None:  # noqa: ANN001
     assert page.locator('[data-testid="stPageLink"]').count() >= 3
     assert_clean(page)
     assert_metrics_fit(page)
+    assert_tables_fit(page)
     shoot(page, "00_home")
 
 
@@ -372,10 +389,12 @@ def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) 
     assert plotly_count(page) >= min_charts
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, f"{name}_step4")
     scrub_to_first_step(page)  # redrawn from records, still clean
     assert_clean(page)
     assert plotly_count(page) >= min_charts
+    assert_tables_fit(page)
     shoot(page, f"{name}_scrubbed")
 
 
@@ -391,10 +410,12 @@ def test_roofline_page_decode_prefill_and_kernel_paths(server, page) -> None:  #
     assert plotly_count(page) >= 4
     selected = page.locator('[data-testid="stMetric"]', has_text="Selected step")
     assert "5 (decode)" in selected.inner_text()
+    assert_tables_fit(page)
     shoot(page, "02_attention_roofline_decode_step5")
     scrub_to_first_step(page)
     assert_clean(page)
     assert "0 (prefill)" in selected.inner_text()
+    assert_tables_fit(page)
     shoot(page, "02_attention_roofline_prefill_step0")
     plots = page.locator('[data-testid="stPlotlyChart"]')
     before = plots.count()
@@ -404,6 +425,7 @@ def test_roofline_page_decode_prefill_and_kernel_paths(server, page) -> None:  #
     assert plots.count() == before + 1  # the kernel-path chart joins the page
     chart = page.locator('[data-testid="stPlotlyChart"]', has_text="Every decode step of the scenario")
     assert chart.count() == 1 and "torch reference kernels" in chart.inner_text()
+    assert_tables_fit(page)
     shoot(page, "02_attention_roofline_kernel_paths")
 
 
@@ -420,6 +442,7 @@ def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001
     page.wait_for_selector('[data-testid="stMetric"]:has-text("Speed-up from the cache")')
     assert_clean(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "01_kv_cache_measured")
 
 
@@ -444,6 +467,7 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "01_kv_cache_latent")
     # On a projector in presentation mode (larger type), the run stays and everything still fits.
     page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
@@ -455,6 +479,7 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     assert_metrics_fit(page)
     assert_buttons_fit(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "01_kv_cache_latent_presentation")
 
 
@@ -478,6 +503,7 @@ def test_speculative_self_spec_section(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "07_speculative_self_spec")
 
 
@@ -489,6 +515,7 @@ def test_continuous_batching_compare(server, page) -> None:  # noqa: ANN001
     assert_clean(page)
     assert_chart_text_apart(page)
     assert plotly_count(page) >= 6
+    assert_tables_fit(page)
     shoot(page, "04_continuous_batching_compared")
 
 
@@ -507,6 +534,7 @@ def test_disaggregated_compare(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert plotly_count(page) >= 6
+    assert_tables_fit(page)
     shoot(page, "10_disaggregated_compared")
 
 
@@ -526,6 +554,7 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "05_flashattention")
     pairs = page.locator('[data-testid="stMetric"]:has-text("Tile pairs") [data-testid="stMetricValue"]').first
     before = int(pairs.inner_text())
@@ -537,6 +566,7 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     assert int(pairs.inner_text()) < before  # a shorter prompt: fewer tile pairs
     assert_clean(page)
     assert plotly_count(page) >= 4
+    assert_tables_fit(page)
     shoot(page, "05_flashattention_short_prompt")
 
 
@@ -557,6 +587,7 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert plotly_count(page) >= 2
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "11_test_time_compute_step3")
     click_button(page, "Measure accuracy vs N")
     page.get_by_text("Measured now", exact=False).first.wait_for()
@@ -565,6 +596,7 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert plotly_count(page) >= 3
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "11_test_time_compute_measured")
     # Budget forcing run to the end: forced " Wait," and answer cues in the strips, the thinking-budget chart
     # (its budget labels over the plot ran into the legend at this width).
@@ -575,6 +607,7 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert page.locator(".tt-cue").count() >= 8
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "11_test_time_compute_budget_forcing")
 
 
@@ -596,6 +629,7 @@ def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "12_constrained_decoding_end")
     click_button(page, "Run the comparison")
     assert_clean(page)
@@ -605,6 +639,7 @@ def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
     assert "not valid ✗" in text and text.count("valid ✓") >= 3
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "12_constrained_decoding_compared")
     records = page.get_by_text("steps recorded", exact=False).first.inner_text()
     page.get_by_text("Regular expression", exact=True).click()
@@ -628,6 +663,7 @@ def test_kv_compression_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_buttons_fit(page)
     assert plotly_count(page) >= 8  # the lab's five and the fused kernel's three (measured on an H200)
+    assert_tables_fit(page)
     shoot(page, "13_kv_compression_formats")
     choose(page, "Compare", "Eviction")
     click_button(page, "Run on the model")
@@ -636,6 +672,7 @@ def test_kv_compression_page(server, page) -> None:  # noqa: ANN001
     assert page.locator(".kvq-row").count() == 4
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "13_kv_compression_eviction")
 
 
@@ -652,6 +689,7 @@ def test_slo_goodput_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "14_slo_goodput")
     box = page.get_by_label("TTFT target (s)")
     box.fill("0.01")
@@ -678,6 +716,7 @@ def test_weight_quantization_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "15_weight_quantization")
     choose(page, "Layer input", "down")
     assert_clean(page)
@@ -711,12 +750,15 @@ def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     step(page, 1)
     assert not page.locator('[data-testid="stSidebar"]').is_visible()
     assert_clean(page)
+    assert_tables_fit(page)
     shoot(page, "03_paged_attention_presentation")
     click_button(page, "Exit presentation mode")
     assert page.locator('[data-testid="stSidebar"]').is_visible()
 
 
 def test_editor_and_kernel_panels(server, page) -> None:  # noqa: ANN001
+    """The request editor and the kernel table on a projector."""
+    page.set_viewport_size(PROJECTOR)
     open_page(page, server, "paged-attention")
     step(page, 1)
     for label in ("Scenario and requests", "Kernel timings for the selected step"):
@@ -725,6 +767,7 @@ def test_editor_and_kernel_panels(server, page) -> None:  # noqa: ANN001
     page.wait_for_selector('[data-testid="stDataFrame"]')
     assert page.locator('[data-testid="stPlotlyChart"]:has-text("Kernel time in step 0")').count() == 1
     assert_clean(page)
+    assert_tables_fit(page)
     shoot(page, "03_paged_attention_panels")
 
 
@@ -760,6 +803,7 @@ def test_lora_merge_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "16_lora_merge")
 
 
@@ -778,12 +822,14 @@ def test_multi_lora_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
+    assert_tables_fit(page)
     shoot(page, "17_multi_lora")
     click_button(page, "Run both set-ups")
     page.wait_for_selector('[data-testid="stMetric"]:has-text("multi-LoRA: throughput")')
     assert_clean(page)
     assert plotly_count(page) >= 4
     assert_chart_text_apart(page)
+    assert_tables_fit(page)
     shoot(page, "17_multi_lora_compared")
 
 
@@ -800,6 +846,7 @@ def test_activation_quantization_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "18_activation_quantization")
     choose(page, "Layer input", "down")
     assert_clean(page)
@@ -825,6 +872,7 @@ def test_parallelism_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_metrics_fit(page)
     assert_buttons_fit(page)
+    assert_tables_fit(page)
     shoot(page, "19_parallelism")
     choose(page, "Tensor-parallel degree", "2")
     click_button(page, "Shard, pipeline and measure")

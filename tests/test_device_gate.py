@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from kernels.device_gate import DeviceGate, GpuBusy
 
@@ -193,3 +195,85 @@ def test_gpu_work_enters_the_gate_only_on_a_gpu(device: str, gated: bool) -> Non
     finally:
         release.set()
         t.join(WAIT)
+
+
+# ---- any mix of visitors: a property ------------------------------------------------------------------
+
+class _Monitor:
+    """Who is doing GPU work and who is capturing right now, and every moment the two overlapped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.working: set[int] = set()
+        self.capturing: set[int] = set()
+        self.clashes: list[str] = []
+
+    def work(self, on: bool) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            if on and self.capturing - {me}:
+                self.clashes.append("work began during another thread's capture")
+            (self.working.add if on else self.working.discard)(me)
+
+    def capture(self, on: bool) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            if on and self.working - {me}:
+                self.clashes.append("a capture began during another thread's work")
+            if on and self.capturing:
+                self.clashes.append("two captures at once")
+            (self.capturing.add if on else self.capturing.discard)(me)
+
+
+def _pause() -> None:
+    time.sleep(0.0005)
+
+
+def _run_op(gate: DeviceGate, mon: _Monitor, op: str, elsewhere: threading.Lock) -> None:
+    """One visitor action, as the app does it: a step (shared), a step that captures its graphs (shared, then
+    exclusive inside), nested work, a capture outside any step (a bench script), a wait for another visitor's
+    run of the same lab (released while waiting), each with the monitor told when GPU work really runs."""
+    if op == "capture alone":
+        with gate.exclusive(timeout_s=WAIT):
+            mon.capture(True), _pause(), mon.capture(False)
+        return
+    with gate.shared():
+        mon.work(True)
+        _pause()
+        if op == "step that captures":
+            mon.work(False)  # waiting to capture is not GPU work
+            with gate.exclusive(timeout_s=WAIT):
+                mon.capture(True), _pause(), mon.capture(False)
+            mon.work(True)
+        elif op == "nested step":
+            with gate.shared():
+                _pause()
+        elif op == "wait for another run":
+            mon.work(False)
+            with gate.released(), elsewhere:
+                _pause()
+            mon.work(True)
+        _pause()
+        mon.work(False)
+
+
+OPS = ("step", "step that captures", "nested step", "capture alone", "wait for another run")
+
+
+@settings(max_examples=40, deadline=None)
+@given(programs=hst.lists(hst.lists(hst.sampled_from(OPS), min_size=1, max_size=5), min_size=2, max_size=4))
+def test_any_mix_of_visitors_never_overlaps_a_capture_and_always_finishes(programs: list[list[str]]) -> None:
+    gate, mon, elsewhere, failures = DeviceGate(), _Monitor(), threading.Lock(), []
+
+    def visitor(program: list[str]) -> None:
+        try:
+            for op in program:
+                _run_op(gate, mon, op, elsewhere)
+        except Exception as e:  # noqa: BLE001 (GpuBusy here would mean the gate deadlocked)
+            failures.append(repr(e))
+
+    threads = [_thread(lambda p=p: visitor(p)) for p in programs]
+    for t in threads:
+        t.join(4 * WAIT)
+    assert not any(t.is_alive() for t in threads), "a visitor never finished"
+    assert not failures and not mon.clashes, (failures, mon.clashes[:3])

@@ -233,7 +233,7 @@ def test_page_memory_numbers_agree(flash_app) -> None:  # noqa: ANN001
     n = _n(at)
     m = _metrics(at)
     table = at.dataframe[0].value
-    this = table[table["N"] == f"{n:,} (this prompt)"].iloc[0]
+    this = table[table["N"] == f"{n:,} (prompt)"].iloc[0]
     assert m["Naive: S and P for this layer (fp32)"] == this["naive S + P"]
     assert m["FA2: m and l for this layer (fp32)"] == this["FA2 m, l"]
     assert m["Ratio"] == f"{n:,}×"

@@ -12,9 +12,9 @@ from engine.constrained import ConstrainedEngine, Constraint
 from engine.constrained.presets import PRESETS
 from engine.trace import StepRecord
 
-from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, RunSettings, bench_tables, check_settings,
-                                      load_bench, mode_rows, modes_for, preset_by_name, preset_settings,
-                                      request_view, run_modes, summarize, token_rows)
+from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, ModeRun, RunSettings, bench_tables,
+                                      check_settings, load_bench, mode_rows, modes_for, preset_by_name,
+                                      preset_settings, request_view, run_modes, summarize, token_rows)
 from app.charts.constrained import mask_figure, modes_figure
 from app.formatting import fmt_duration, plural, step_line
 from app.session import EngineSession
@@ -293,7 +293,7 @@ def compare_section(session: EngineSession, page: str) -> None:
     if ran_with != settings:
         st.caption(":material/info: Measured for an earlier prompt or grammar; run it again for the current one.")
     show_figure(modes_figure(runs), key="cd-modes", height=380)
-    st.dataframe(pd.DataFrame(mode_rows(runs)), hide_index=True, width="stretch")
+    _modes_table(runs)
     free = next((r for r in runs if r.mode == MODES[0]), None)
     jf = next((r for r in runs if r.mode == MODES[2]), None)
     masked = next((r for r in runs if r.mode == MODES[1]), None)
@@ -318,3 +318,28 @@ def compare_section(session: EngineSession, page: str) -> None:
                 st.dataframe(pd.DataFrame(sampled), hide_index=True, width="stretch")
             if bench.get("note"):
                 st.caption(bench["note"])
+
+
+def _modes_table(runs: list[ModeRun]) -> None:
+    """The numbers in a table whose ten columns fit at projector width; what each mode wrote below it, wrapped
+    and whole (in a table column the JSON was cut off and pushed the table past the page's edge)."""
+    rows = pd.DataFrame(mode_rows(runs))
+    num, text = st.column_config.NumberColumn, st.column_config.TextColumn
+    st.dataframe(rows.drop(columns="text"), hide_index=True, width="stretch", column_config={
+        "mode": text(width=190), "valid": text(width=52, help="the output matches the grammar"),
+        "parses as JSON": text("JSON", width=52, help="the output parses as JSON"),
+        "output tokens": num("tokens", width=58, help="output tokens"),
+        "engine steps": num("steps", width=52, help="engine steps (jump-forward writes several tokens in one)"),
+        "time (s)": num(format="%.2f", width=64, help="engine time, seconds"),
+        "mask time (ms)": num("masks (ms)", format="%.1f", width=80,
+                              help="time spent building the token masks, milliseconds"),
+        "forced": num(width=58, help="tokens written by jump-forward, with no choice to make"),
+        "steered": num(width=64, help="tokens where the mask overrode the model's own first choice"),
+        "ended by": text(width=84),
+    })
+    st.markdown("**What each mode wrote**")
+    for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):  # row by row, so modes side by side line up
+        for col, r in zip(st.columns(2), pair):
+            with col:
+                st.caption(r.mode)
+                st.code(r.text or "(nothing)", language=None, wrap_lines=True)

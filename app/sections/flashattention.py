@@ -244,7 +244,7 @@ def memory_frame(n: int, heads: int) -> pd.DataFrame:
     for mem in memory_table(n, heads):
         # Short headers: the table shares half the page with the heatmap, and long ones pushed the last
         # column out of view.
-        rows.append({"N": f"{mem.seq_len:,}" + (" (this prompt)" if mem.seq_len == n else ""),
+        rows.append({"N": f"{mem.seq_len:,}" + (" (prompt)" if mem.seq_len == n else ""),
                      "naive S + P": human_bytes(mem.naive_bytes),
                      "FA2 m, l": human_bytes(mem.flash_state_bytes),
                      "naive, 1 head": human_bytes(mem.naive_bytes / heads)})
@@ -283,7 +283,7 @@ def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: t
     with left:
         show_figure(score_matrix(probs, scores, trace, s.show), key="flash-matrix", height=560)
     with right:
-        here = AttentionMemory(n, heads)  # the same record as the table's "this prompt" row
+        here = AttentionMemory(n, heads)  # the same record as the table's "(prompt)" row
         c = st.columns(2)
         c[0].metric(f"Naive: S and P for this layer ({MATRIX_DTYPE})", human_bytes(here.naive_bytes),
                     help=f"2 matrices (S, then P) × {heads} heads × {n}² × {here.elem} bytes")

@@ -12,6 +12,7 @@ from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, QuantDecodeTimings
 
 from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, roofline_frame, sweep_frame
 from app.charts.kv_quant_kernel import call_figure, roofline_figure, sweep_figure
+from app.formatting import cells_or_dash
 from app.runtime import device, device_label
 from app.state import mark_requested, page_settings, run_on_request, submitted_settings
 from app.theme import show_figure
@@ -86,7 +87,7 @@ def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings |
                "TB/s": "{:.2f}", "error": "{:.1e}"}
     table = frame[["path", *formats]].copy()
     for col, fmt in formats.items():
-        table[col] = [fmt.format(v) if v == v else "–" for v in table[col]]
+        table[col] = cells_or_dash(table[col], fmt)
 
     def number(label: str, help: str | None = None):
         return st.column_config.TextColumn(label, help=help, alignment="right")

@@ -100,7 +100,18 @@ def quantspec_section(page: str) -> None:
     c[3].metric("Its cache per token", f"{best.draft_bytes_per_token / 1024:.1f} KiB",
                 help=f"the stored format's codes and scales; the target's: {best.target_bytes_per_token / 1024:.1f} "
                      "KiB")
-    st.dataframe(runs_frame(result), hide_index=True, width="stretch")
+    text, num = st.column_config.TextColumn, st.column_config.NumberColumn
+    # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
+    st.dataframe(runs_frame(result), hide_index=True, width="stretch", column_config={
+        "draft's cache": text(width=190, help="the draft's KV cache: the target's, stored in this format"),
+        "draft's weights": text("weights", width=64, help="the draft's decoder linears"),
+        "cache bytes/token": num("bytes/token", width=88, help="the draft's cache per token, codes and scales"),
+        "drafted": num(width=64), "accepted": num(width=70),
+        "acceptance": text(width=84, help="accepted / drafted"),
+        "target passes": num("passes", width=60, help="verification passes of the target"),
+        "tokens a pass": num("tokens/pass", format="%.2f", width=86, help="tokens written per target pass"),
+        "same text": text("same", width=54, help="the same text as plain decoding"),
+    })
     c = st.columns([2, 1.4, 2])
     shown = c[0].radio("Rounds of the draft cache", list(SELF_SPEC_FORMATS), index=SELF_SPEC_FORMATS.index("int4"),
                        horizontal=True, key=f"{lab}-shown", format_func=lambda f: FORMATS[f].label.split(" (")[0])

@@ -223,16 +223,23 @@ def run_section(result: SweepResult, slo: SLO, page: str) -> None:
                 f"{fmt_duration(run.makespan_s)}, {run.throughput_tok_s:,.0f} output tokens per second."
                 + (f" CUDA graph capture inside this run: {fmt_duration(run.capture_s)} (a batch size the "
                    "warm-up did not meet)." if run.capture_s > 0 else ""))
-    left, right = st.columns(2)
+    left, right = st.columns([5, 6])
     with left:
         show_figure(request_scatter_figure(run, slo), key=f"{page}-scatter", height=440, export_width=700)
     with right:
+        # Short headers with the units in their tooltips: all eight columns fit beside the scatter on a projector.
         st.dataframe(requests_frame(run, slo), hide_index=True, width="stretch",
                      height=min(440, 35 * (len(run.timings) + 1) + 3), column_config={
-            "arrives (s)": st.column_config.NumberColumn(format="%.2f"),
-            "waited (s)": st.column_config.NumberColumn(format="%.2f", help="arrival to its first scheduled step"),
-            "TTFT (s)": st.column_config.NumberColumn(format="%.2f"),
-            "TPOT (ms)": st.column_config.NumberColumn(format="%.0f"),
+            "request": st.column_config.TextColumn("req", width=42),
+            "arrives (s)": st.column_config.NumberColumn("arrives", format="%.2f", width=58,
+                                                         help="seconds after the run started"),
+            "prompt": st.column_config.NumberColumn("prompt", width=54, help="prompt tokens"),
+            "answer": st.column_config.NumberColumn("answer", width=56, help="tokens generated"),
+            "waited (s)": st.column_config.NumberColumn("waited", format="%.2f", width=56,
+                                                        help="seconds from arrival to its first scheduled step"),
+            "TTFT (s)": st.column_config.NumberColumn("TTFT", format="%.2f", width=50, help="seconds"),
+            "TPOT (ms)": st.column_config.NumberColumn("TPOT", format="%.0f", width=50, help="milliseconds"),
+            "meets SLO": st.column_config.TextColumn("SLO", width=64, help="met, or which target it missed"),
         })
     show_figure(timeline_figure(run, slo), key=f"{page}-timeline", height=380 + 14 * len(run.timings))
     st.caption("Engine time is the sum of measured step times; when nothing is running it skips to the next "
@@ -243,12 +250,22 @@ def run_section(result: SweepResult, slo: SLO, page: str) -> None:
 def table_section(result: SweepResult, slo: SLO, page: str) -> None:
     st.subheader("Every run")
     frame = runs_frame(result, slo)
+    # Short headers (the units in the caption and tooltips): all eleven columns fit at projector width.
+    st.caption("TTFT in seconds, TPOT in milliseconds, percentiles over the run's requests.")
     st.dataframe(frame, hide_index=True, width="stretch", column_config={
-        "SLO met": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
-        "busy": st.column_config.NumberColumn(format="percent", help="share of the run the engine was computing"),
-        **{c: st.column_config.NumberColumn(format="%.3g") for c in frame.columns if "TTFT" in c or "TPOT" in c},
-        "output tok/s": st.column_config.NumberColumn(format="%.0f"),
-        "good req/s": st.column_config.NumberColumn(format="%.2f", help="requests that met the SLO per second of run"),
+        "rate (req/s)": st.column_config.NumberColumn("req/s", format="%g", width=52, help="arrival rate"),
+        "SLO met": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width=96,
+                                                   help="share of requests within both targets"),
+        **{c: st.column_config.NumberColumn(c.split(" (")[0], format="%.3f" if "TTFT" in c else "%.1f", width=70,
+                                            help="seconds" if "TTFT" in c else "milliseconds")
+           for c in frame.columns if "TTFT" in c or "TPOT" in c},
+        "output tok/s": st.column_config.NumberColumn("tok/s", format="%.0f", width=52,
+                                                      help="output tokens per second of run"),
+        "good req/s": st.column_config.NumberColumn(format="%.2f", width=76,
+                                                    help="requests that met the SLO per second of run"),
+        "busy": st.column_config.NumberColumn(format="percent", width=52,
+                                              help="share of the run the engine was computing"),
+        "steps": st.column_config.NumberColumn(width=50, help="engine steps in the run"),
     })
     st.download_button("Download the runs (JSON)", data=json.dumps(sweep_json(result, slo), indent=1),
                        file_name="inferscope-slo-goodput.json", mime="application/json", key=f"{page}-download",

@@ -207,10 +207,27 @@ def bench_section() -> None:
                    "token; v = verification pass / plain pass.")
         show_figure(bench_figure(bench), key="spec-bench", height=420)
         df = pd.DataFrame(bench_rows(bench))
+        # Short headers, explained in the caption: all eleven columns fit in the expander on a projector.
+        num = st.column_config.NumberColumn
         st.dataframe(df, hide_index=True, width="stretch", column_config={
-            c: st.column_config.NumberColumn(c, format="%.2f") for c in
-            ("α", "tokens/pass measured", "tokens/pass predicted", "speedup measured", "speedup predicted",
-             "predicted with measured v")} | {"c": st.column_config.NumberColumn("c", format="%.3g")})
+            "workload": st.column_config.TextColumn(width=64),
+            "drafter": st.column_config.TextColumn(width=150),
+            "γ": num(width=34), "α": num(format="%.2f", width=48, help="measured acceptance rate"),
+            "tokens/pass measured": num("τ", format="%.2f", width=50, help="tokens per verification pass, measured"),
+            "tokens/pass predicted": num("τ formula", format="%.2f", width=74,
+                                         help="(1 − α^(γ+1)) / (1 − α) with the measured α"),
+            "c": num(format="%.3f", width=56, help="the cost of drafting one token, in target passes"),
+            "speedup measured": num("speedup", format="%.2f", width=66, help="measured, vs plain decoding"),
+            "speedup predicted": num("formula", format="%.2f", width=62,
+                                     help="the closed form with the measured α and c, verification free"),
+            "predicted with measured v": num("with v", format="%.2f", width=56,
+                                             help="the closed form with the verification pass's measured cost v"),
+            "same tokens as plain": st.column_config.CheckboxColumn("same", width=50,
+                                                                    help="the same tokens as plain decoding"),
+        })
+        st.caption("τ: tokens per verification pass, measured and by the closed form; speedup: measured, by the "
+                   "closed form, and by the closed form with the verification pass's measured cost v; same: "
+                   "identical tokens to plain decoding.")
 
 
 def compare_section(session: EngineSession, page: str) -> None:

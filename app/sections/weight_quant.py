@@ -11,7 +11,7 @@ from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode
                                        outlier_stats, result_json, results_frame, worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      method_color, quality_figure)
-from app.formatting import fmt_duration
+from app.formatting import cells_or_dash, fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
@@ -129,23 +129,28 @@ def summary_section(result: LabResult, page: str) -> None:
         col.metric(v.label.split(" · ")[0], f"{v.weight_bytes / 1e6:,.0f} MB", delta, delta_color="off",
                    help=f"{v.bits_per_weight:.2f} bits per linear weight; chat KL {v.scores['chat'].kl:.3g} nats")
     frame = results_frame(result)
-    st.dataframe(frame, hide_index=True, width="stretch", column_config={
-        "Bits/weight": st.column_config.NumberColumn(format="%.2f", help="of the linears, scales and zero points "
-                                                     "included"),
-        "MB": st.column_config.NumberColumn(format="%.1f", help="the whole checkpoint: embedding and norms in 16 bits"),
-        "H200 tok/s bound": st.column_config.NumberColumn(
-            format="%,.0f", help=f"batch-1 decode reads every weight once: {H200.peak_bytes_per_s / 1e12:.2f} TB/s "
-                                 "(the H200's measured copy bandwidth) / checkpoint bytes"),
-        "Chat KL": st.column_config.NumberColumn(format="%.3g", help="mean KL(full ‖ quantized) per answer token"),
-        "Chat top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
+    shown = frame.assign(**{"Quantize s": cells_or_dash(frame["Quantize s"], "{:.1f}")})
+    num = st.column_config.NumberColumn
+    # Explicit widths and short headers (the details in the tooltips): all eleven columns fit on a projector.
+    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+        "Bits/weight": num("Bits", format="%.2f", width=46, help="bits per linear weight, scales and zero points "
+                                                                  "included"),
+        "MB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
+        "H200 tok/s bound": num("H200 tok/s", format="%,.0f", width=80, help=(
+            f"at most: batch-1 decode reads every weight once, so {H200.peak_bytes_per_s / 1e12:.2f} TB/s (the "
+            "H200's measured copy bandwidth) / checkpoint bytes")),
+        "Chat KL": num(format="%.3g", width=58, help="mean KL(full ‖ quantized) per answer token, in nats"),
+        "Chat top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width=86,
                                                       help="how often its top token is the full model's"),
-        "Chat answers ppl": st.column_config.NumberColumn(format="%.2f", help="perplexity of the full model's own "
-                                                          "answers: how surely it would still write them"),
-        "Prose KL": st.column_config.NumberColumn(format="%.3g"),
-        "Prose ppl": st.column_config.NumberColumn(format="%.2f", help="perplexity of held-out prose"),
-        "Answer leaves at": st.column_config.TextColumn(help="first token where its greedy answer to the prompt "
-                                                        "differs from the full model's"),
-        "Quantize s": st.column_config.NumberColumn(format="%.1f", help="seconds to quantize all 30 layers here"),
+        "Chat answers ppl": num("Chat ppl", format="%.2f", width=62, help="perplexity of the full model's own "
+                                                                          "answers: how surely it would still write "
+                                                                          "them"),
+        "Prose KL": num(format="%.3g", width=60, help="mean KL(full ‖ quantized) per token of held-out prose"),
+        "Prose ppl": num(format="%.2f", width=66, help="perplexity of held-out prose"),
+        "Answer leaves at": st.column_config.TextColumn("Differs at", width=70, help="first token where its greedy "
+                                                        "answer to the prompt differs from the full model's"),
+        "Quantize s": st.column_config.TextColumn("Took (s)", width=58, alignment="right",
+                                                  help="seconds to quantize all 30 layers here"),
     })
     show_figure(quality_figure(result), key=f"{page}-quality", height=430)
     best = min(result.variants, key=lambda v: v.scores["chat"].kl, default=None)

@@ -157,7 +157,7 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                 num_rows="dynamic",
                 hide_index=True, width="stretch",
                 column_config={
-                    "prompt": st.column_config.TextColumn("prompt", width="large", required=True),
+                    "prompt": st.column_config.TextColumn("prompt", width="medium", required=True),
                     "max_tokens": st.column_config.NumberColumn("max_tokens", min_value=1, max_value=1024, step=1),
                     "arrival_step": st.column_config.NumberColumn("arrival step", min_value=0, step=1),
                     "temperature": st.column_config.NumberColumn("temperature", min_value=0.0, max_value=5.0, step=0.1),

@@ -111,8 +111,10 @@ def comparison_figure(summaries: list[ComparisonSummary]) -> go.Figure:
     from plotly.subplots import make_subplots
 
     colors = [TECHNIQUE_COLOR, BASELINE_COLOR]
+    # Titles short enough for a third of a projector-width chart: a longer one ran over its panel's edge and
+    # onto the top y tick label when that tick happened to sit under it.
     fig = make_subplots(rows=1, cols=3, subplot_titles=("forward passes", "engine time (s)",
-                                                        "mean time until a request is done (s)"))
+                                                        "mean finish time (s)"))
     for col, value in enumerate((lambda s: s.forward_passes, lambda s: s.seconds, lambda s: s.mean_finish_s), 1):
         for s, color in zip(summaries, colors):
             # One trace per set-up, named in the legend: the set-ups' long names would collide as tick labels.

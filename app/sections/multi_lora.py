@@ -131,6 +131,8 @@ def comparison_section(session: EngineSession, page: str) -> None:
                             help="what the set-up keeps in memory for the model: one base copy plus the adapters, "
                                  "or one whole checkpoint per fine-tune")
     show_figure(comparison_figure(summaries), key="ml-compare-chart", height=360)
+    st.caption("Finish time: seconds of engine time from the start until a request's last token, averaged over "
+               "the requests.")
     per = runs.get("one merged deployment per fine-tune", [])
     if per:
         st.caption("Merged deployments, in turn: " + " · ".join(

@@ -134,7 +134,9 @@ def _measured_part() -> None:
         st.dataframe(pd.DataFrame([{"batch": r.batch, "context": f"{r.context:,}", "splits": r.splits,
                                     "split µs": round(r.split_us, 1), "one split µs": round(r.one_split_us, 1),
                                     "gain": f"{r.gain:.2f}×"} for r in rows]),
-                     hide_index=True, height=390)
+                     hide_index=True, height=390, column_config={  # one decimal throughout: "6.0", not "6"
+                         "split µs": st.column_config.NumberColumn(format="%.1f"),
+                         "one split µs": st.column_config.NumberColumn(format="%.1f")})
     best = max(bench.rows, key=lambda r: r.gain)
     st.caption(f"Recorded with `{bench.command}` on the {bench.device} (`bench/results/split_kv_h200.json`): one "
                "decode step's attention for one layer, bf16, 16-token pages in shuffled order, CUDA-graph timed. "

@@ -186,7 +186,18 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                         export_width=700)
         else:
             show_figure(answer_votes_figure(counts, truth), key="ttc-votes", height=360, export_width=700)
-    st.dataframe(pd.DataFrame(sample_rows(view)), hide_index=True, width="stretch")
+    text, num = st.column_config.TextColumn, st.column_config.NumberColumn
+    # Set widths, so that "picked by" keeps room for all three rules ("majority vote, self-certainty, oracle")
+    # instead of an even share of the row that cut it after the first.
+    st.dataframe(pd.DataFrame(sample_rows(view)), hide_index=True, width="stretch", column_config={
+        "sample": text(width=58), "status": text(width=72, help="running, or why it ended"),
+        "answer": text(width=64, help="the final answer parsed from its text"),
+        "right?": text(width=56, help="against the task's known answer"),
+        "mean log p": num(format="%.3f", width=84, help="mean log-probability of its tokens: the self-certainty score"),
+        "tokens": num(width=60), "forced": num(width=58, help="tokens the engine forced (budget forcing)"),
+        "blocks (shared + own)": text("blocks", width=64, help="KV blocks: shared with the other samples + its own"),
+        "picked by": text(width=280, help="the rules that pick this sample's answer"),
+    })
 
 
 # ---- accuracy vs N -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Both are frozen so a `StepRecord` or a page can hold them without fear of them c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 SchedulerPolicy = Literal["continuous", "static"]

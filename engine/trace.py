@@ -7,7 +7,7 @@ memory and a trace round-trips through JSON.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, get_args, get_origin, get_type_hints
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Callable
 
 import torch
@@ -161,11 +161,11 @@ def _measure_cuda(device: torch.device, dtype: torch.dtype) -> Ceilings:
             best = min(best, start.elapsed_time(end) / 1e3)
         return best
 
-    mm = timed(lambda: torch.mm(a, b), reps=10)
+    mm = timed(partial(torch.mm, a, b), reps=10)
     del a, b
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)  # 1 GiB: far beyond L2
     dst = torch.empty_like(src)
-    cp = timed(lambda: dst.copy_(src), reps=10)
+    cp = timed(partial(dst.copy_, src), reps=10)
     del src, dst
     name = torch.cuda.get_device_name(device)
     return Ceilings(2 * n ** 3 / mm, 2 * (1 << 30) / cp,

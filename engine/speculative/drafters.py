@@ -149,7 +149,7 @@ class EarlyExitDrafter(Drafter):
 
     def propose_batch(self, requests: list[tuple[Sequence, int]]) -> list[DraftProposal]:
         eng = self.engine
-        bm, model, pool = eng.block_manager, self.model, self.pool
+        bm = eng.block_manager
         props = [DraftProposal([], None, [], dict(self.detail)) for _ in requests]
         q_rows: list[list[torch.Tensor]] = [[] for _ in requests]
         last = [seq.token_ids[-1] for seq, _ in requests]

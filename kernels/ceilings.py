@@ -61,9 +61,11 @@ REFERENCE_CEILINGS: dict[str, ReferenceDevice] = {
         Ceilings(790e12, 4.26e12, "table: measured on an H200 (bf16 dense matmul, device copy)", "bfloat16"),
         (("bf16 dense matmul", "≈ 790 TFLOP/s"),
          ("device copy (read + write)", "≈ 4.26 TB/s"),
-         ("torch SDPA, causal prefill, 9 heads, D = 64", "214–412 TFLOP/s (L = 512 … 8192)"),
-         ("torch SDPA, decode over the KV cache", "2.7–3.9 TB/s"),
-         ("our Triton FA2 prefill (bench/kernels.py)", "0.93–0.98 × SDPA (L = 1024 … 8192)"),
+         # The attention rows: one bench/kernels.py run (bench/results/kernels_h200_v32.json), 32k tokens a
+         # prefill launch, B = 64 for decode.
+         ("torch SDPA, causal prefill, 9 heads, D = 64", "247–436 TFLOP/s (L = 512 … 8192)"),
+         ("torch SDPA, decode over the KV cache, B = 64", "2.8–4.3 TB/s (L = 1k … 32k)"),
+         ("our Triton FA2 prefill (bench/kernels.py)", "0.94–0.97 × SDPA (L = 1024 … 8192; 0.85 × at 512)"),
          ("our Triton paged decode, B = 64 (bench/kernels.py)", "2.8–4.3 TB/s, 0.96–1.00 × SDPA (L = 1k … 32k)")),
         # app.analysis.kernel_paths.run_paths on the roofline page's first scenario, random bf16 weights, the
         # second of two passes (bench/results/kernel_paths_h200_v19.json): median decode step per kernel path.

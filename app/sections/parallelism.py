@@ -387,8 +387,20 @@ def expert_section(page: str) -> None:
                + ("" if all(ep_fits(m, g) for g in EP_GPUS) else
                   f" {m.experts} experts cannot go whole onto more than {m.experts} GPUs, so only those columns."))
     with st.expander("All three models at 8, 16 and 32 GPUs"):
+        # Short headers, the units and meanings in the tooltips: all seven columns fit in the expander.
+        num = st.column_config.NumberColumn
         st.dataframe(frame, hide_index=True, width="stretch", column_config={
-            c: st.column_config.NumberColumn(format="%.1f") for c in frame.columns if "(" in c})
+            "Model": st.column_config.TextColumn(width=150), "GPUs": num(width=56),
+            "Experts per GPU": num("Experts/GPU", width=90),
+            "EP weights per GPU (GB)": num("EP GB/GPU", format="%.1f", width=90,
+                                           help="expert parallelism: weights per GPU, GB"),
+            "TP weights per GPU (GB)": num("TP GB/GPU", format="%.1f", width=90,
+                                           help="tensor parallelism: weights per GPU, GB"),
+            "EP all-to-all per token (KB)": num("EP KB/token", format="%.1f", width=100,
+                                                help="expert parallelism: all-to-all bytes per token, KB"),
+            "TP all-reduce per token (KB)": num("TP KB/token", format="%.1f", width=100,
+                                                help="tensor parallelism: all-reduce bytes per token, KB"),
+        })
     st.markdown("**Routing imbalance.** The router picks experts per token; some experts are more popular, and the "
                 "GPU holding them gets more tokens. Everyone waits for it.")
     c = st.columns([1, 1.4, 1.4])

@@ -153,9 +153,13 @@ def ceilings_section(device: str) -> Ceilings:
         st.caption(f"Source: {c.source}{_when(c, st.session_state.get(_REMEASURED_KEY))}. Measured, never datasheet "
                    "figures: a roofline only means something against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
-            rows = [{"GPU": ref.name, "what": what, "measured": value}
-                    for ref in REFERENCE_CEILINGS.values() for what, value in ref.notes] + _reference_kernel_paths()
-            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+            # A static table per GPU: its cells wrap, so the long descriptions and values are read whole.
+            for ref in REFERENCE_CEILINGS.values():
+                rows = [{"what": what, "measured": value} for what, value in ref.notes] + [
+                    {"what": r["what"], "measured": r["measured"]} for r in _reference_kernel_paths()
+                    if r["GPU"] == ref.name]
+                st.markdown(f"**{ref.name}**")
+                st.table(pd.DataFrame(rows).set_index("what"))
             h = next(iter(REFERENCE_CEILINGS.values())).ceilings
             st.caption(f"H200 ridge: {h.ridge:.0f} FLOP/byte at bf16, so a bf16 decode step needs a batch in the "
                        "hundreds before its linear layers stop being memory-bound (see the calculator below).")

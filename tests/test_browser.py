@@ -641,6 +641,10 @@ def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_tables_fit(page)
     shoot(page, "12_constrained_decoding_compared")
+    page.locator('[data-testid="stExpander"] summary', has_text="Benchmark on this machine").first.click()
+    wait_idle(page, settle=False)
+    assert page.locator('[data-testid="stCode"]').count() >= 4 + 4  # the live modes' answers, then a preset's
+    assert_tables_fit(page)  # the benchmark's tables, its answers below them
     records = page.get_by_text("steps recorded", exact=False).first.inner_text()
     page.get_by_text("Regular expression", exact=True).click()
     page.get_by_label("JSON schema, regular expression, or choices (one per line)").fill("([a-z")

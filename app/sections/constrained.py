@@ -16,7 +16,7 @@ from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, Mod
                                       check_settings, load_bench, mode_rows, modes_for, preset_by_name,
                                       preset_settings, request_view, run_modes, summarize, token_rows)
 from app.charts.constrained import mask_figure, modes_figure
-from app.formatting import fmt_duration, plural, step_line
+from app.formatting import cells_or_dash, fmt_duration, plural, step_line
 from app.session import EngineSession
 from app.state import page_cache, page_settings
 from app.theme import show_figure
@@ -311,13 +311,35 @@ def compare_section(session: EngineSession, page: str) -> None:
         greedy, sampled = bench_tables(bench)
         with st.expander(":material/table_chart: Benchmark on this machine: every preset, every mode "
                          "(bench/constrained_decoding.py)"):
-            st.dataframe(pd.DataFrame(greedy), hide_index=True, width="stretch")
+            _bench_greedy(pd.DataFrame(greedy), page)
             if sampled:
                 st.markdown("**Sampled answers that are valid** (one request with several samples at a temperature, "
                             "per preset):")
                 st.dataframe(pd.DataFrame(sampled), hide_index=True, width="stretch")
             if bench.get("note"):
                 st.caption(bench["note"])
+
+
+def _bench_greedy(frame: pd.DataFrame, page: str) -> None:
+    """Every preset greedy in every mode: the numbers in a table that fits the expander, and one preset's answers
+    below it, wrapped and whole (a text column pushed the table far past the page's edge)."""
+    num, text = st.column_config.NumberColumn, st.column_config.TextColumn
+    shown = frame.drop(columns="text").assign(**{"mask µs (mean)": cells_or_dash(frame["mask µs (mean)"], "{:,.0f}")})
+    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+        "preset": text(width=240), "mode": text(width=170), "valid": text(width=50),
+        "engine steps": num("steps", width=56, help="engine steps (jump-forward writes several tokens in one)"),
+        "output tokens": num("tokens", width=60, help="output tokens"),
+        "mask µs (mean)": text("mask µs", width=70, alignment="right", help="mean time to build one token mask"),
+        "mask share of step time (%)": num("mask share", format="%.2f%%", width=84,
+                                           help="the masks' share of the engine's step time"),
+    })
+    preset = st.selectbox("The answers of", list(dict.fromkeys(frame["preset"])), key=f"{page}-bench-preset")
+    rows = frame[frame["preset"] == preset]
+    for pair in (rows.iloc[i:i + 2] for i in range(0, len(rows), 2)):
+        for col, (_, r) in zip(st.columns(2), pair.iterrows()):
+            with col:
+                st.caption(r["mode"])
+                st.code(r["text"] or "(nothing)", language=None, wrap_lines=True)
 
 
 def _modes_table(runs: list[ModeRun]) -> None:

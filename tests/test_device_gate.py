@@ -229,21 +229,26 @@ def _pause() -> None:
     time.sleep(0.0005)
 
 
+def _capture(gate: DeviceGate, mon: _Monitor) -> None:
+    with gate.exclusive(timeout_s=WAIT):
+        mon.capture(True)
+        _pause()
+        mon.capture(False)
+
+
 def _run_op(gate: DeviceGate, mon: _Monitor, op: str, elsewhere: threading.Lock) -> None:
     """One visitor action, as the app does it: a step (shared), a step that captures its graphs (shared, then
     exclusive inside), nested work, a capture outside any step (a bench script), a wait for another visitor's
     run of the same lab (released while waiting), each with the monitor told when GPU work really runs."""
     if op == "capture alone":
-        with gate.exclusive(timeout_s=WAIT):
-            mon.capture(True), _pause(), mon.capture(False)
+        _capture(gate, mon)
         return
     with gate.shared():
         mon.work(True)
         _pause()
         if op == "step that captures":
             mon.work(False)  # waiting to capture is not GPU work
-            with gate.exclusive(timeout_s=WAIT):
-                mon.capture(True), _pause(), mon.capture(False)
+            _capture(gate, mon)
             mon.work(True)
         elif op == "nested step":
             with gate.shared():

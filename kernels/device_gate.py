@@ -91,6 +91,11 @@ class DeviceGate:
                     self._owner = None
                 self._cond.notify_all()
 
+    def captures_here(self) -> bool:
+        """This thread holds the gate exclusively (it is inside its own capture session)."""
+        with self._cond:
+            return self._owner == threading.get_ident()
+
     @contextlib.contextmanager
     def released(self) -> Iterator[None]:
         """This thread's shared sections put aside while it blocks on something else, then taken up again

@@ -9,17 +9,21 @@ CUDAGraph::reset) and invalidates the capture (`operation failed due to a previo
 reproduced on the H200 by tests/test_graph_capture.py with the pause switched off). `torch.cuda.graph` no
 longer collects before a capture (torch.compiler.config.force_cudagraph_gc, off by default, because a full
 collection per capture is slow), so captures here pause automatic collection; garbage waits until they end.
+
+A capture waits at most CAPTURE_WAIT_S for the GPU, then GpuBusy (the engines then run the step eagerly), and
+for BACKOFF_S after that captures give up at once rather than stall every step while someone's long run lasts.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import threading
+import time
 from typing import Iterator
 
 import torch
 
-from kernels.device_gate import DEVICE_GATE
+from kernels.device_gate import DEVICE_GATE, GpuBusy
 
 
 # Captures can overlap in time (Streamlit runs each session's script in its own thread), and the
@@ -48,10 +52,34 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+# How long a capture waits for the other visitors' GPU work to pause. Their steps take milliseconds, so a
+# longer wait means someone's long run (a lab) holds the GPU: the step that wanted the graph runs eagerly, and
+# for BACKOFF_S after that no capture waits at all. Without the back-off every step of this visitor would stall
+# for CAPTURE_WAIT_S while that run lasts, and hold everyone's fresh GPU work behind its waiting capture as long.
+CAPTURE_WAIT_S = 5.0
+BACKOFF_S = 15.0
+_busy_until = 0.0  # time.monotonic() before which captures give up at once
+
+
 @contextlib.contextmanager
 def capture_session() -> Iterator[None]:
-    """Around one or more captures: no other thread's GPU work (kernels/device_gate.py) and no collection."""
-    with DEVICE_GATE.exclusive(), gc_paused():
+    """Around one or more captures: no other thread's GPU work (kernels/device_gate.py) and no collection.
+    Raises GpuBusy before anything runs when the GPU was not free within CAPTURE_WAIT_S, or at once during
+    the back-off after such a wait; a thread already inside its own session is never refused."""
+    global _busy_until
+    with contextlib.ExitStack() as stack:
+        if not DEVICE_GATE.captures_here():  # (a re-entry is counted and never waits)
+            with _lock:
+                if time.monotonic() < _busy_until:
+                    raise GpuBusy("Another session is running long work on the GPU, so a CUDA graph cannot be "
+                                  "captured now. Try again in a moment.")
+        try:
+            stack.enter_context(DEVICE_GATE.exclusive(timeout_s=CAPTURE_WAIT_S))
+        except GpuBusy:
+            with _lock:
+                _busy_until = time.monotonic() + BACKOFF_S
+            raise
+        stack.enter_context(gc_paused())
         yield
 
 

@@ -1,15 +1,18 @@
-"""The collector pause around CUDA graph captures (kernels/graph_capture.py): garbage made inside waits
-until the block ends, nesting and threads restore the collector's state once, and on a GPU a dead
-engine's graphs are never destroyed while another engine captures."""
+"""CUDA graph captures (kernels/graph_capture.py). The collector pause: garbage made inside waits until the
+block ends, nesting and threads restore the collector's state once, and on a GPU a dead engine's graphs are
+never destroyed while another engine captures. The wait for the GPU: bounded, then a back-off."""
 from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import pytest
 import torch
 
-from kernels.graph_capture import gc_paused
+from kernels import graph_capture
+from kernels.device_gate import DEVICE_GATE, GpuBusy
+from kernels.graph_capture import capture_session, gc_paused
 
 
 class _Cycle:
@@ -109,6 +112,66 @@ def test_a_dead_engines_graphs_are_not_freed_during_a_capture(random_weights, ea
     assert seen_capturing and not any(seen_capturing)
 
 
+@pytest.fixture
+def quick_capture_wait(monkeypatch):  # noqa: ANN201
+    """Captures wait 0.1 s for the GPU and back off for 30 s (a test moves the back-off's end by hand)."""
+    monkeypatch.setattr(graph_capture, "CAPTURE_WAIT_S", 0.1)
+    monkeypatch.setattr(graph_capture, "BACKOFF_S", 30.0)
+    monkeypatch.setattr(graph_capture, "_busy_until", 0.0)
+
+
+def _other_visitor_holds_the_gpu() -> tuple[threading.Event, threading.Thread]:
+    holding, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with DEVICE_GATE.shared():
+            holding.set()
+            release.wait(30)
+
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    assert holding.wait(5)
+    return release, t
+
+
+def test_a_capture_that_gave_up_backs_off_then_waits_again(quick_capture_wait) -> None:
+    """A capture gives up after CAPTURE_WAIT_S while another visitor's long run holds the GPU; during the
+    back-off the next ones give up at once (no step stalls again, nobody's fresh work waits behind them);
+    after it they wait again, and get the GPU once it is free."""
+    release, other = _other_visitor_holds_the_gpu()
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(GpuBusy, match="busy for"):
+            with capture_session():
+                pass
+        waited = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with pytest.raises(GpuBusy, match="long work"):
+            with capture_session():
+                pass
+        at_once = time.perf_counter() - t0
+    finally:
+        release.set()
+        other.join(5)
+    assert waited >= 0.1 and at_once < 0.05
+    with pytest.raises(GpuBusy, match="long work"):  # the GPU is free, but the back-off has not ended
+        with capture_session():
+            pass
+    graph_capture._busy_until = 0.0  # the back-off over
+    with capture_session():
+        assert DEVICE_GATE.captures_here()
+
+
+def test_a_session_in_progress_is_never_refused_by_a_back_off(quick_capture_wait) -> None:
+    """Another thread's capture gave up while this one was capturing: this thread's nested captures (its
+    graphs inside one warm-up-and-capture session) go on, since its warm-up has already run."""
+    with capture_session():
+        graph_capture._busy_until = time.monotonic() + 30  # as if another visitor's capture just gave up
+        with capture_session():
+            assert DEVICE_GATE.captures_here()
+    assert not DEVICE_GATE.captures_here()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_capture_beside_another_visitors_steps(random_weights) -> None:
@@ -128,11 +191,9 @@ def test_a_capture_beside_another_visitors_steps(random_weights) -> None:
 def test_steps_run_eagerly_while_the_gpu_is_never_free_to_capture(random_weights, monkeypatch) -> None:
     """Another visitor holds the GPU past the capture's patience: the graph engine's steps run eagerly instead
     (decode and piecewise prefill alike), with the same tokens, and capture once the GPU is free."""
-    import kernels.device_gate as device_gate
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams
-    from kernels.device_gate import DEVICE_GATE
 
     def tokens(graphs: bool) -> tuple[LLMEngine, list]:
         engine = LLMEngine(EngineConfig(weights="random", device="cuda", num_blocks=128, max_model_len=256,
@@ -144,22 +205,15 @@ def test_steps_run_eagerly_while_the_gpu_is_never_free_to_capture(random_weights
         return engine, [engine.result(r).token_ids for r in rids]
 
     _, eager = tokens(False)
-    monkeypatch.setattr(device_gate, "EXCLUSIVE_TIMEOUT_S", 0.05)
-    holding, release = threading.Event(), threading.Event()
-
-    def other_visitor() -> None:
-        with DEVICE_GATE.shared():
-            holding.set()
-            release.wait(60)
-
-    t = threading.Thread(target=other_visitor, daemon=True)
-    t.start()
-    holding.wait(5)
+    monkeypatch.setattr(graph_capture, "CAPTURE_WAIT_S", 0.05)
+    monkeypatch.setattr(graph_capture, "BACKOFF_S", 0.0)  # every step tries (and fails) to capture again
+    monkeypatch.setattr(graph_capture, "_busy_until", 0.0)
+    release, other = _other_visitor_holds_the_gpu()
     try:
         busy, busy_tokens = tokens(True)
     finally:
         release.set()
-        t.join(5)
+        other.join(5)
     assert busy_tokens == eager and not busy.graph_runner.graphs  # nothing was captured, nothing failed
     free, free_tokens = tokens(True)
     assert free_tokens == eager and free.graph_runner.graphs

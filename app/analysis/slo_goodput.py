@@ -182,15 +182,14 @@ def goodput_text(rate: float | None, rates: Sequence[float]) -> str:
     return f"{rate:g} req/s" + (" (or more)" if rate == max(rates) else "")
 
 
+_MISSES = {"✗ TTFT": "on TTFT only", "✗ TPOT": "on TPOT only", "✗ both": "on both"}  # the table's verdicts
+
+
 def miss_reasons(run: LoadRun, slo: SLO) -> dict[str, int]:
-    """How many requests missed by TTFT only, TPOT only, or both."""
-    out = {"on TTFT only": 0, "on TPOT only": 0, "on both": 0}
+    """How many requests missed by TTFT only, TPOT only, or both (the same verdicts as `requests_frame`)."""
+    out = dict.fromkeys(_MISSES.values(), 0)
     for t in run.timings:
-        ttft, tpot = t.meets_ttft(slo), t.meets_tpot(slo)
-        if not ttft and not tpot:
-            out["on both"] += 1
-        elif not ttft:
-            out["on TTFT only"] += 1
-        elif not tpot:
-            out["on TPOT only"] += 1
+        verdict = _verdict(t.meets_ttft(slo), t.meets_tpot(slo))
+        if verdict in _MISSES:
+            out[_MISSES[verdict]] += 1
     return out

@@ -320,26 +320,38 @@ def compare_section(session: EngineSession, page: str) -> None:
                 st.caption(bench["note"])
 
 
+# The columns the live comparison and the benchmark share, with the same short headers and widths.
+_SHARED_COLUMNS = {
+    "valid": st.column_config.TextColumn(width=52, help="the output matches the grammar"),
+    "engine steps": st.column_config.NumberColumn(
+        "steps", width=56, help="engine steps (jump-forward writes several tokens in one)"),
+    "output tokens": st.column_config.NumberColumn("tokens", width=60, help="output tokens"),
+}
+
+
+def _answers_in_pairs(answers: list[tuple[str, str]]) -> None:
+    """(mode, text) pairs two to a row, so that modes side by side line up; each text wrapped and whole."""
+    for i in range(0, len(answers), 2):
+        for col, (mode, text) in zip(st.columns(2), answers[i:i + 2]):
+            with col:
+                st.caption(mode)
+                st.code(text or "(nothing)", language=None, wrap_lines=True)
+
+
 def _bench_greedy(frame: pd.DataFrame, page: str) -> None:
     """Every preset greedy in every mode: the numbers in a table that fits the expander, and one preset's answers
     below it, wrapped and whole (a text column pushed the table far past the page's edge)."""
     num, text = st.column_config.NumberColumn, st.column_config.TextColumn
     shown = frame.drop(columns="text").assign(**{"mask µs (mean)": cells_or_dash(frame["mask µs (mean)"], "{:,.0f}")})
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
-        "preset": text(width=240), "mode": text(width=170), "valid": text(width=50),
-        "engine steps": num("steps", width=56, help="engine steps (jump-forward writes several tokens in one)"),
-        "output tokens": num("tokens", width=60, help="output tokens"),
+    st.dataframe(shown, hide_index=True, width="stretch", column_config=_SHARED_COLUMNS | {
+        "preset": text(width=240), "mode": text(width=170),
         "mask µs (mean)": text("mask µs", width=70, alignment="right", help="mean time to build one token mask"),
         "mask share of step time (%)": num("mask share", format="%.2f%%", width=84,
                                            help="the masks' share of the engine's step time"),
     })
     preset = st.selectbox("The answers of", list(dict.fromkeys(frame["preset"])), key=f"{page}-bench-preset")
     rows = frame[frame["preset"] == preset]
-    for pair in (rows.iloc[i:i + 2] for i in range(0, len(rows), 2)):
-        for col, (_, r) in zip(st.columns(2), pair.iterrows()):
-            with col:
-                st.caption(r["mode"])
-                st.code(r["text"] or "(nothing)", language=None, wrap_lines=True)
+    _answers_in_pairs(list(zip(rows["mode"], rows["text"])))
 
 
 def _modes_table(runs: list[ModeRun]) -> None:
@@ -347,11 +359,9 @@ def _modes_table(runs: list[ModeRun]) -> None:
     and whole (in a table column the JSON was cut off and pushed the table past the page's edge)."""
     rows = pd.DataFrame(mode_rows(runs))
     num, text = st.column_config.NumberColumn, st.column_config.TextColumn
-    st.dataframe(rows.drop(columns="text"), hide_index=True, width="stretch", column_config={
-        "mode": text(width=190), "valid": text(width=52, help="the output matches the grammar"),
+    st.dataframe(rows.drop(columns="text"), hide_index=True, width="stretch", column_config=_SHARED_COLUMNS | {
+        "mode": text(width=190),
         "parses as JSON": text("JSON", width=52, help="the output parses as JSON"),
-        "output tokens": num("tokens", width=58, help="output tokens"),
-        "engine steps": num("steps", width=52, help="engine steps (jump-forward writes several tokens in one)"),
         "time (s)": num(format="%.2f", width=64, help="engine time, seconds"),
         "mask time (ms)": num("masks (ms)", format="%.1f", width=80,
                               help="time spent building the token masks, milliseconds"),
@@ -360,8 +370,4 @@ def _modes_table(runs: list[ModeRun]) -> None:
         "ended by": text(width=84),
     })
     st.markdown("**What each mode wrote**")
-    for pair in (runs[i:i + 2] for i in range(0, len(runs), 2)):  # row by row, so modes side by side line up
-        for col, r in zip(st.columns(2), pair):
-            with col:
-                st.caption(r.mode)
-                st.code(r.text or "(nothing)", language=None, wrap_lines=True)
+    _answers_in_pairs([(r.mode, r.text) for r in runs])

@@ -154,10 +154,10 @@ def ceilings_section(device: str) -> Ceilings:
                    "figures: a roofline only means something against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
             # A static table per GPU: its cells wrap, so the long descriptions and values are read whole.
+            paths = _reference_kernel_paths()
             for ref in REFERENCE_CEILINGS.values():
                 rows = [{"what": what, "measured": value} for what, value in ref.notes] + [
-                    {"what": r["what"], "measured": r["measured"]} for r in _reference_kernel_paths()
-                    if r["GPU"] == ref.name]
+                    {"what": r["what"], "measured": r["measured"]} for r in paths if r["GPU"] == ref.name]
                 st.markdown(f"**{ref.name}**")
                 st.table(pd.DataFrame(rows).set_index("what"))
             h = next(iter(REFERENCE_CEILINGS.values())).ceilings

@@ -107,6 +107,7 @@ def settings_form(page: str) -> LabSettings:
         rows = st.data_editor(
             pd.DataFrame(ss[k["rows"]]), key=f"{page}-editor-{ss.get(k['editor-version'], 0)}", num_rows="dynamic",
             width="stretch", hide_index=True,  # errors count rows from 1, top to bottom
+            placeholder="—",  # a budget the chosen policy does not use, rather than "None"
             column_config={
                 "format": st.column_config.SelectboxColumn(
                     "Storage format", options=list(FORMAT_CHOICES), required=True,

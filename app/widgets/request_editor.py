@@ -155,7 +155,7 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
             edited = st.data_editor(
                 requests_frame(session.scenario.requests, columns_for(session.scenario)), key=f"{prefix}-table",
                 num_rows="dynamic",
-                hide_index=True, width="stretch",
+                hide_index=True, width="stretch", placeholder="",  # empty cells mean "default", not "None"
                 column_config={
                     "prompt": st.column_config.TextColumn("prompt", width="medium", required=True),
                     "max_tokens": st.column_config.NumberColumn("max_tokens", min_value=1, max_value=1024, step=1),

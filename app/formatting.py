@@ -2,18 +2,22 @@
 their noun in the right number."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.trace import StepRecord
+
+# What a table cell, a metric or a bar label shows where there is no value: one glyph everywhere (tables pass
+# it as their placeholder, so a missing number is not printed as "None").
+NO_VALUE = "–"
 
 
 def fmt_duration(seconds: float) -> str:
     """'12 µs', '0.45 ms', '38 ms', '1.9 s', '1 min 48 s': three significant figures at most, never
     '0.0 ms' for a kernel that took microseconds nor '108529 ms' for a prefill that took minutes."""
     if seconds < 0:
-        return "–"
+        return NO_VALUE
     if seconds < 1e-4:
         return f"{seconds * 1e6:.3g} µs"
     if seconds < 1.0:
@@ -22,12 +26,6 @@ def fmt_duration(seconds: float) -> str:
         return f"{seconds:.3g} s"
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s"
-
-
-def cells_or_dash(values: Iterable[float | None], spec: str) -> list[str]:
-    """Table cells formatted by `spec` ("{:.1f}", "{:+.0%}"), and "–" where there is no value (None or NaN),
-    which a data table would otherwise print as "None"."""
-    return ["–" if v is None or v != v else spec.format(v) for v in values]
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -66,6 +66,16 @@ def session_of(at: AppTest, prefix: str):  # noqa: ANN201 (an app.session.Engine
 def assert_clean(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+    assert_no_none_cells(at)
+
+
+def assert_no_none_cells(at: AppTest) -> None:
+    """A table with missing values names what to print for them (a dash, or nothing in an editor): without a
+    placeholder the grid prints a grey "None", which reads as a bug on a projector."""
+    for d in at.dataframe:
+        frame = d.value
+        missing = [str(c) for c in frame.columns if frame[c].isna().any()]
+        assert not missing or d.proto.HasField("placeholder"), f"table with columns {list(frame.columns)} shows None in {missing}"
 
 
 def submit_blank_prompt(at: AppTest, prompt_key: str, submit_key: str, answered_by: str = "the model") -> AppTest:

@@ -16,6 +16,7 @@ from app.analysis.act_quant import (channel_view, fp8_speedup, outlier_frame, re
                                     worst_layer)
 from app.charts.act_quant import (alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, tick_label,
                                   variant_color)
+from app.formatting import NO_VALUE
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
@@ -39,7 +40,7 @@ def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
     frame = results_frame(tiny_result)
     assert list(frame["Format"]) == [v.label for v in tiny_result.outcomes]
     assert frame["Chat KL"].iloc[0] == pytest.approx(0, abs=1e-9) and (frame["Chat KL"].iloc[1:] > 0).all()
-    assert frame["Answer leaves at"].iloc[0] == "—" and frame["A bits"].iloc[0] == 16
+    assert frame["Answer leaves at"].iloc[0] == NO_VALUE and frame["A bits"].iloc[0] == 16
     outliers = outlier_frame(tiny_result)
     assert len(outliers) == 2 * 4 and (outliers[["mean", "max"]] >= 1).all().all()
     layer = worst_layer(tiny_result, "down", "max")

@@ -11,9 +11,7 @@ manager, KV pool and attention paths, so hundreds of steps take seconds.
 """
 from __future__ import annotations
 
-
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

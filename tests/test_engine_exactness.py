@@ -1,8 +1,6 @@
 """Greedy tokens from our engine equal Hugging Face's, whatever the batching does around them."""
 from __future__ import annotations
 
-import pytest
-
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams

@@ -112,7 +112,7 @@ def test_gpu_pdl_decode_layer_in_graph(dtype) -> None:
         pytest.skip("PDL needs sm_90+")
     dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-    hq, hkv, d, hidden, inter, bs, nb, b = 9, 3, 64, 576, 1536, 16, 256, 4
+    hq, hkv, d, hidden, bs, nb, b = 9, 3, 64, 576, 16, 256, 4
     wts = {name: _randn(shape, gen, dt, "cuda") * 0.05 for name, shape in SHAPES.items()}
     n1, n2 = 1 + 0.1 * _randn((hidden,), gen, dt, "cuda"), 1 + 0.1 * _randn((hidden,), gen, dt, "cuda")
     pos_max = 2048

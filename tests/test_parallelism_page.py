@@ -25,6 +25,7 @@ from app.analysis.parallelism import (allowed_degrees, break_even_latency_us, co
                                       tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, split_figure, tp_floor_figure)
+from app.formatting import NO_VALUE
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
@@ -60,7 +61,7 @@ def test_degree_table_of_the_real_shape() -> None:
     assert list(frame["TP degree"]) == list(range(1, 9))
     assert allowed_degrees(cfg) == [1, 3] == list(frame[frame["Splits evenly"]]["TP degree"])
     assert frame.loc[1, "Does not divide evenly"] == "9 query heads, 3 KV heads"
-    assert frame.loc[4, "Does not divide evenly"].endswith("49152 vocabulary rows") and frame.loc[2, "Does not divide evenly"] == "—"
+    assert frame.loc[4, "Does not divide evenly"].endswith("49152 vocabulary rows") and frame.loc[2, "Does not divide evenly"] == NO_VALUE
     rows = split_rows(cfg, 3)
     assert [r.spans for r in rows][0] == ((0, 3), (3, 6), (6, 9))
     assert rows[2].spans[-1] == (384, 576) and rows[-1].spans[1] == (16384, 32768)

@@ -372,7 +372,7 @@ class CacheMachine(RuleBasedStateMachine):
                 assert self.kv[bm.slot(seq.seq_id, p)] == _kv(seq.token_ids[: p + 1])
             node = cache.locked_node(seq.seq_id)
             if node is not None and node is not cache.root:
-                depth, path = 0, []
+                path: list[int] = []
                 m = node
                 while m is not cache.root:
                     path = m.tokens + path

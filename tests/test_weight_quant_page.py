@@ -16,6 +16,7 @@ from app.analysis.weight_quant import (BENCH_PATH, decode_bound_tok_s, load_benc
                                        worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      quality_figure)
+from app.formatting import NO_VALUE
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, submit_blank_prompt  # noqa: F401 (fixture)
 
@@ -51,7 +52,7 @@ def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
     frame = results_frame(tiny_result)
     assert list(frame["Weights"]) == [v.label for v in tiny_result.outcomes] and len(frame) == 4
     assert frame["Chat KL"].iloc[0] == pytest.approx(0, abs=1e-9) and (frame["Chat KL"].iloc[1:] > 0).all()
-    assert frame["Answer leaves at"].iloc[0] == "—"
+    assert frame["Answer leaves at"].iloc[0] == NO_VALUE
     # The decode bound is bandwidth over bytes: fewer bytes, a higher bound.
     assert (frame["H200 tok/s bound"].iloc[1:] > frame["H200 tok/s bound"].iloc[0]).all()
     assert decode_bound_tok_s(1_000_000, 4e12) == pytest.approx(4e6)

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from app.formatting import NO_VALUE
 from engine.act_quant.lab import ActLabResult, VariantOutcome
 
 Stat = Literal["mean", "max"]
@@ -37,7 +38,7 @@ def fp8_speedup() -> float:
 
 def answer_note(v: VariantOutcome) -> str:
     if v.variant is None:
-        return "—"
+        return NO_VALUE
     return "same as full" if v.first_difference is None else f"token {v.first_difference + 1}"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from app.formatting import NO_VALUE
 from engine.config import ModelConfig
 from engine.kv_compression.lab import first_difference
 from engine.lora.anatomy import CHECKPOINT_BYTES_PER_PARAM, Footprint, adapter_params, base_params
@@ -166,7 +167,7 @@ METRIC_LABELS = {
 
 def _fmt(value: object, kind: str) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "—"
+        return NO_VALUE
     return f"{value:.0%}" if kind == "share" else f"{value:.3g}"
 
 

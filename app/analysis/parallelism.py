@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from app.formatting import NO_VALUE
 from engine.config import ModelConfig
 from engine.parallel.collectives import all_gather_bytes, ring_all_reduce_bytes
 from engine.parallel.expert_math import MOE_MODELS, MoeShape, ep_cost, routing_imbalance
@@ -37,7 +38,7 @@ def degree_frame(cfg: ModelConfig) -> pd.DataFrame:
     """One row per degree; "Does not divide" names what fails, short enough for a projector row (the engine's
     full sentences, "9 query heads do not split evenly over 2 ranks", are the form's error message)."""
     return pd.DataFrame([{"TP degree": c.degree, "Splits evenly": c.ok,
-                          "Does not divide evenly": ", ".join(r.split(" do not split")[0] for r in c.reasons) or "—"}
+                          "Does not divide evenly": ", ".join(r.split(" do not split")[0] for r in c.reasons) or NO_VALUE}
                          for c in tp_options(cfg)])
 
 
@@ -271,7 +272,7 @@ def stage_frame(result: ParallelResult, hop_seconds: float) -> pd.DataFrame:
     for s, (a, b) in enumerate(run.stages):
         extra = [x for x, on in (("embedding", s == 0), ("LM head", s == run.pp - 1)) if on]
         work = sum(t.seconds for t in run.tasks if t.stage == s)
-        rows.append({"GPU": s, "Layers": f"{a}–{b - 1}", "Also": " + ".join(extra) or "—",
+        rows.append({"GPU": s, "Layers": f"{a}–{b - 1}", "Also": " + ".join(extra) or NO_VALUE,
                      "Compute (ms)": work * 1e3, "Busy (%)": 100 * summary.busy_fraction[s]})
     return pd.DataFrame(rows)
 

@@ -16,7 +16,7 @@ from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, Mod
                                       check_settings, load_bench, mode_rows, modes_for, preset_by_name,
                                       preset_settings, request_view, run_modes, summarize, token_rows)
 from app.charts.constrained import mask_figure, modes_figure
-from app.formatting import cells_or_dash, fmt_duration, plural, step_line
+from app.formatting import NO_VALUE, fmt_duration, plural, step_line
 from app.session import EngineSession
 from app.state import page_cache, page_settings
 from app.theme import show_figure
@@ -242,7 +242,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     show_figure(mask_figure(sample, session.engine.tokenizer.vocab_size, session.weights.tokenizer),
                 key="cd-mask", height=540)
     with st.expander(":material/table_rows: Every output token: allowed, wanted, written"):
-        st.dataframe(pd.DataFrame(token_rows(sample, session.weights.tokenizer)), hide_index=True, width="stretch")
+        st.dataframe(pd.DataFrame(token_rows(sample, session.weights.tokenizer)), hide_index=True, width="stretch",
+                     placeholder=NO_VALUE)
+        st.caption("–: no value. A token written by jump-forward had no model pass; with no grammar there is no mask.")
 
 
 # ---- free vs masked vs jump-forward --------------------------------------------------------------
@@ -342,10 +344,10 @@ def _bench_greedy(frame: pd.DataFrame, page: str) -> None:
     """Every preset greedy in every mode: the numbers in a table that fits the expander, and one preset's answers
     below it, wrapped and whole (a text column pushed the table far past the page's edge)."""
     num, text = st.column_config.NumberColumn, st.column_config.TextColumn
-    shown = frame.drop(columns="text").assign(**{"mask µs (mean)": cells_or_dash(frame["mask µs (mean)"], "{:,.0f}")})
-    st.dataframe(shown, hide_index=True, width="stretch", column_config=_SHARED_COLUMNS | {
+    st.dataframe(frame.drop(columns="text"), hide_index=True, width="stretch", placeholder=NO_VALUE,
+                 column_config=_SHARED_COLUMNS | {
         "preset": text(width=240), "mode": text(width=170),
-        "mask µs (mean)": text("mask µs", width=70, alignment="right", help="mean time to build one token mask"),
+        "mask µs (mean)": num("mask µs", format="%,.0f", width=70, help="mean time to build one token mask"),
         "mask share of step time (%)": num("mask share", format="%.2f%%", width=84,
                                            help="the masks' share of the engine's step time"),
     })

@@ -16,7 +16,7 @@ from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOI
                                          summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure, variant_color)
-from app.formatting import fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import backend_summary, device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run
 from app.theme import show_figure
@@ -107,7 +107,7 @@ def settings_form(page: str) -> LabSettings:
         rows = st.data_editor(
             pd.DataFrame(ss[k["rows"]]), key=f"{page}-editor-{ss.get(k['editor-version'], 0)}", num_rows="dynamic",
             width="stretch", hide_index=True,  # errors count rows from 1, top to bottom
-            placeholder="—",  # a budget the chosen policy does not use, rather than "None"
+            placeholder=NO_VALUE,  # a budget the chosen policy does not use, rather than "None"
             column_config={
                 "format": st.column_config.SelectboxColumn(
                     "Storage format", options=list(FORMAT_CHOICES), required=True,

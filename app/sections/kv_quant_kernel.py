@@ -12,7 +12,7 @@ from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, QuantDecodeTimings
 
 from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, roofline_frame, sweep_frame
 from app.charts.kv_quant_kernel import call_figure, roofline_figure, sweep_figure
-from app.formatting import cells_or_dash
+from app.formatting import NO_VALUE
 from app.runtime import device, device_label
 from app.state import mark_requested, page_settings, run_on_request, submitted_settings
 from app.theme import show_figure
@@ -81,26 +81,23 @@ def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings |
     if ceilings is not None:
         show_figure(roofline_figure(roofline_frame(t, ceilings), ceilings, t.batch, t.context, where),
                     key=f"{key}-roofline", height=440, export_width=1100)
-    # Cells formatted here, so that those with no value (the reference path has no error against itself; the
-    # copy-first path reads and writes a copy, so its pool rate means nothing) read "–" rather than "None".
-    formats = {"bytes_per_token": "{:,.0f}", "us": "{:,.1f}", "speed-up": "{:.2f}×", "bytes ratio": "{:.2f}×",
-               "TB/s": "{:.2f}", "error": "{:.1e}"}
-    table = frame[["path", *formats]].copy()
-    for col, fmt in formats.items():
-        table[col] = cells_or_dash(table[col], fmt)
-
-    def number(label: str, help: str | None = None):
-        return st.column_config.TextColumn(label, help=help, alignment="right")
-
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
+    num = st.column_config.NumberColumn
+    # Cells with no value (the reference path has no error against itself; the copy-first path reads and writes a
+    # copy, so its pool rate means nothing) read "–" (placeholder) rather than "None"; the rest stay numbers, so
+    # a column sorts by value.
+    st.dataframe(frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]],
+                 hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
         "path": st.column_config.TextColumn("Path"),
-        "bytes_per_token": number("Bytes per token", "one layer's K and V, all 3 KV heads, scales included"),
-        "us": number("µs per call"),
-        "speed-up": number("vs engine BF16"),
-        "bytes ratio": number("Bytes ratio", "BF16's bytes over this format's: a bandwidth-bound kernel's ceiling"),
-        "TB/s": number("Pool TB/s", "pool bytes read per second"),
-        "error": number("Error vs reference", "‖out − ref‖ / ‖ref‖ against dequantize-then-attend in fp32: the "
-                                              "kernel reads the same numbers, so only rounding differs"),
+        "bytes_per_token": num("Bytes per token", format="%,.0f",
+                               help="one layer's K and V, all 3 KV heads, scales included"),
+        "us": num("µs per call", format="%,.1f"),
+        "speed-up": num("vs engine BF16", format="%.2f×"),
+        "bytes ratio": num("Bytes ratio", format="%.2f×",
+                           help="BF16's bytes over this format's: a bandwidth-bound kernel's ceiling"),
+        "TB/s": num("Pool TB/s", format="%.2f", help="pool bytes read per second"),
+        "error": num("Error vs reference", format="%.1e",
+                     help="‖out − ref‖ / ‖ref‖ against dequantize-then-attend in fp32: the kernel reads the same "
+                          "numbers, so only rounding differs"),
     })
 
 

@@ -16,7 +16,7 @@ from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapte
                                      shaped_deployment, timing_frame, training_line)
 from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench_figure, memory_figure,
                                    spectrum_figure, step_time_figure)
-from app.formatting import cells_or_dash, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_cache, page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
@@ -199,10 +199,10 @@ def timing_section(result: MergeResult, page: str) -> None:
                         f"{result.settings.timed_steps} timed steps")
     show_figure(step_time_figure(result), key=f"{page}-steps", height=460)
     shown = frame.assign(Extra=[f"{x:+.0%}" for x in frame["Extra"]],
-                         **{"LoRA FLOPs vs linears": cells_or_dash(frame["LoRA FLOPs vs linears"], "{:.1%}")})
+                         **{"LoRA FLOPs vs linears": 100 * frame["LoRA FLOPs vs linears"]})  # printf has no %
     num = st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+    st.dataframe(shown, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
         "Batch": num(width=50),
         "Merged ms": num(format="%.3g", width=80, help="median decode step of the merged checkpoint: the base "
                                                        "model's shapes, so the base model's cost"),
@@ -215,8 +215,8 @@ def timing_section(result: MergeResult, page: str) -> None:
         "LoRA share of step": st.column_config.ProgressColumn("LoRA share", format="percent", min_value=0.0,
                                                               max_value=1.0, width=96,
                                                               help="the LoRA kernels' share of the unmerged step"),
-        "LoRA FLOPs vs linears": st.column_config.TextColumn(
-            "LoRA FLOPs", width=84, help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the "
+        "LoRA FLOPs vs linears": num(
+            "LoRA FLOPs", format="%.1f%%", width=84, help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the "
                                          "engine counts them: its slots pad every fused linear to the full stacked "
                                          "rank"),
         "Merged tok/s": num(format="%.0f", width=92),

@@ -11,7 +11,7 @@ from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode
                                        outlier_stats, result_json, results_frame, worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      method_color, quality_figure)
-from app.formatting import cells_or_dash, fmt_duration
+from app.formatting import NO_VALUE, fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import show_figure
@@ -129,10 +129,9 @@ def summary_section(result: LabResult, page: str) -> None:
         col.metric(v.label.split(" · ")[0], f"{v.weight_bytes / 1e6:,.0f} MB", delta, delta_color="off",
                    help=f"{v.bits_per_weight:.2f} bits per linear weight; chat KL {v.scores['chat'].kl:.3g} nats")
     frame = results_frame(result)
-    shown = frame.assign(**{"Quantize s": cells_or_dash(frame["Quantize s"], "{:.1f}")})
     num = st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all eleven columns fit on a projector.
-    st.dataframe(shown, hide_index=True, width="stretch", column_config={
+    st.dataframe(frame, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
         "Bits/weight": num("Bits", format="%.2f", width=46, help="bits per linear weight, scales and zero points "
                                                                   "included"),
         "MB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
@@ -149,8 +148,7 @@ def summary_section(result: LabResult, page: str) -> None:
         "Prose ppl": num(format="%.2f", width=66, help="perplexity of held-out prose"),
         "Answer leaves at": st.column_config.TextColumn("Differs at", width=70, help="first token where its greedy "
                                                         "answer to the prompt differs from the full model's"),
-        "Quantize s": st.column_config.TextColumn("Took (s)", width=58, alignment="right",
-                                                  help="seconds to quantize all 30 layers here"),
+        "Quantize s": num("Took (s)", format="%.1f", width=58, help="seconds to quantize all 30 layers here"),
     })
     show_figure(quality_figure(result), key=f"{page}-quality", height=430)
     best = min(result.variants, key=lambda v: v.scores["chat"].kl, default=None)

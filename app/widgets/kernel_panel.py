@@ -1,13 +1,12 @@
 """The live kernel-timing panel for the selected step: a table and a bar chart."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from engine.trace import StepRecord
 
 from app.charts.kernels import kernel_bar, kernel_table
-from app.formatting import fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_duration, plural
 from app.theme import show_figure
 
 
@@ -24,21 +23,19 @@ def kernel_timing_panel(record: StepRecord | None, page: str, expanded: bool = F
                    "GFLOP/s and GB/s are those counts over the measured time.")
         # Stacked, each full width: side by side in half a page the table's last columns were cut off.
         show_figure(kernel_bar(record.kernels, record.step), key=f"{page}-kernels", height=360)
-        table = kernel_table(record.kernels)
-        # Rates as text: a kernel with no FLOPs (embedding, a copy) is "–", where a number column shows "None".
-        for col in ("GFLOP/s", "GB/s"):
-            table[col] = ["–" if pd.isna(v) else f"{v:.3g}" for v in table[col]]
+        # A kernel with no FLOPs (embedding, a copy) has no FLOP rate: the placeholder prints "–" there, and the
+        # rates stay numbers, so the columns sort by value.
         st.dataframe(
-            table, hide_index=True, width="stretch",
+            kernel_table(record.kernels), hide_index=True, width="stretch", placeholder=NO_VALUE,
             column_config={
                 "kernel": st.column_config.TextColumn("kernel", width="medium"),
                 "backend": st.column_config.TextColumn("backend", width="small"),
                 "calls": st.column_config.NumberColumn("calls", width="small"),
                 # Three significant figures: a microsecond kernel is not "0.00 ms", an elementwise
-                # kernel's 0.04 GFLOP/s is not "0.0" (the rates are formatted above).
+                # kernel's 0.04 GFLOP/s is not "0.0".
                 "ms": st.column_config.NumberColumn("ms", format="%.3g", width="small"),
-                "GFLOP/s": st.column_config.TextColumn("GFLOP/s", width="small"),
-                "GB/s": st.column_config.TextColumn("GB/s", width="small"),
+                "GFLOP/s": st.column_config.NumberColumn("GFLOP/s", format="%.3g", width="small"),
+                "GB/s": st.column_config.NumberColumn("GB/s", format="%.3g", width="small"),
                 "% of kernels": st.column_config.ProgressColumn("share", format="%.0f%%", width="small",
                                                                 min_value=0, max_value=100),
             },

@@ -13,6 +13,7 @@ from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_fig
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -120,14 +121,14 @@ def quality_section(result: ActLabResult, page: str) -> None:
                 f"and a paragraph of prose; calibrated on {result.calibration_tokens:,} tokens of chat. W and A: "
                 "bits per weight and per activation, block scales included.")
     show_figure(quality_figure(result), key=f"{page}-quality", height=500)
-    st.dataframe(results_frame(result), hide_index=True, width="stretch", column_config={
+    st.dataframe(in_percent_points(results_frame(result), "Chat top-1", "Prose top-1"), hide_index=True,
+                 width="stretch", column_config={
         "W bits": st.column_config.NumberColumn(format="%.2f", help="per weight, block scales included"),
         "A bits": st.column_config.NumberColumn(format="%.2f", help="per activation (16: left in BF16)"),
         "Chat KL": st.column_config.NumberColumn(format="%.3g", help="mean KL(full ‖ quantized) per answer token"),
-        "Chat top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width="small",
-                                                      help="how often its top token is the full model's"),
+        "Chat top-1": share_column(width="small", help="how often its top token is the full model's"),
         "Prose KL": st.column_config.NumberColumn(format="%.3g"),
-        "Prose top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width="small"),
+        "Prose top-1": share_column(width="small"),
         "Answer leaves at": st.column_config.TextColumn(help="first token where its greedy answer differs from "
                                                         "the full model's"),
     })

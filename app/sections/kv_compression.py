@@ -19,6 +19,7 @@ from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_posit
 from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import backend_summary, device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -198,14 +199,13 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
                    "so that row runs once, as the reference.")
     st.markdown(f"**Reference answer:** {html.escape(tok.decode(list(result.reference_tokens), skip_special_tokens=True))}")
     frame = summary_frame(result)
-    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+    st.dataframe(in_percent_points(frame, "Top-1 match"), hide_index=True, width="stretch", column_config={
         "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
                                                      "scales, zero points) over the tokens it holds"),
         "Tokens": st.column_config.NumberColumn(help="tokens each KV head of every layer holds after the run"),
         "× smaller": st.column_config.NumberColumn(format="%.2f×", help="than a BF16 cache of every token: "
                                                    "quantization and eviction together"),
-        "Top-1 match": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0,
-                                                       help="share of positions where its top token is the "
+        "Top-1 match": share_column(help="share of positions where its top token is the "
                                                             "reference's (fed the reference's text)"),
         "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
                                                    "next-token distributions"),

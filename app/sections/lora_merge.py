@@ -19,6 +19,7 @@ from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench
 from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_cache, page_run, page_settings, progress_reporter, submitted_settings
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -198,8 +199,7 @@ def timing_section(result: MergeResult, page: str) -> None:
                    help=f"merged {row['Merged ms']:.3g} ms (the base model's cost); medians of "
                         f"{result.settings.timed_steps} timed steps")
     show_figure(step_time_figure(result), key=f"{page}-steps", height=460)
-    shown = frame.assign(Extra=[f"{x:+.0%}" for x in frame["Extra"]],
-                         **{"LoRA FLOPs vs linears": 100 * frame["LoRA FLOPs vs linears"]})  # printf has no %
+    shown = in_percent_points(frame, "Extra", "LoRA share of step", "LoRA FLOPs vs linears")
     num = st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
     st.dataframe(shown, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
@@ -208,13 +208,11 @@ def timing_section(result: MergeResult, page: str) -> None:
                                                        "model's shapes, so the base model's cost"),
         "Unmerged ms": num(format="%.3g", width=92, help="median decode step with the adapter served unmerged by "
                                                          "the LoRA kernels"),
-        "Extra": st.column_config.TextColumn(width=56, help="unmerged / merged − 1"),
+        "Extra": num(format="%+.0f%%", width=56, help="unmerged / merged − 1"),
         "LoRA kernels ms": num("LoRA ms", format="%.3g", width=68, help="the LoRA kernels (lora.qkv + lora.o + "
                                                                         "lora.gate_up + lora.down over 30 layers) "
                                                                         "in the unmerged median step"),
-        "LoRA share of step": st.column_config.ProgressColumn("LoRA share", format="percent", min_value=0.0,
-                                                              max_value=1.0, width=96,
-                                                              help="the LoRA kernels' share of the unmerged step"),
+        "LoRA share of step": share_column("LoRA share", width=96, help="the LoRA kernels' share of the unmerged step"),
         "LoRA FLOPs vs linears": num(
             "LoRA FLOPs", format="%.1f%%", width=84, help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the "
                                          "engine counts them: its slots pad every fused linear to the full stacked "

@@ -18,6 +18,7 @@ from app.charts.slo_goodput import attainment_figure, latency_figure, request_sc
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
 from app.state import page_run
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.explain import explanation
 
@@ -252,10 +253,9 @@ def table_section(result: SweepResult, slo: SLO, page: str) -> None:
     frame = runs_frame(result, slo)
     # Short headers (the units in the caption and tooltips): all eleven columns fit at projector width.
     st.caption("TTFT in seconds, TPOT in milliseconds, percentiles over the run's requests.")
-    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+    st.dataframe(in_percent_points(frame, "SLO met", "busy"), hide_index=True, width="stretch", column_config={
         "rate (req/s)": st.column_config.NumberColumn("req/s", format="%g", width=52, help="arrival rate"),
-        "SLO met": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width=96,
-                                                   help="share of requests within both targets"),
+        "SLO met": share_column(width=96, help="share of requests within both targets"),
         **{c: st.column_config.NumberColumn(c.split(" (")[0], format="%.3f" if "TTFT" in c else "%.1f", width=70,
                                             help="seconds" if "TTFT" in c else "milliseconds")
            for c in frame.columns if "TTFT" in c or "TPOT" in c},
@@ -263,8 +263,7 @@ def table_section(result: SweepResult, slo: SLO, page: str) -> None:
                                                       help="output tokens per second of run"),
         "good req/s": st.column_config.NumberColumn(format="%.2f", width=76,
                                                     help="requests that met the SLO per second of run"),
-        "busy": st.column_config.NumberColumn(format="percent", width=52,
-                                              help="share of the run the engine was computing"),
+        "busy": share_column(bar=False, width=52, help="share of the run the engine was computing"),
         "steps": st.column_config.NumberColumn(width=50, help="engine steps in the run"),
     })
     st.download_button("Download the runs (JSON)", data=json.dumps(sweep_json(result, slo), indent=1),

@@ -14,6 +14,7 @@ from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep
 from app.formatting import NO_VALUE, fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -131,7 +132,8 @@ def summary_section(result: LabResult, page: str) -> None:
     frame = results_frame(result)
     num = st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all eleven columns fit on a projector.
-    st.dataframe(frame, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
+    st.dataframe(in_percent_points(frame, "Chat top-1"), hide_index=True, width="stretch", placeholder=NO_VALUE,
+                 column_config={
         "Bits/weight": num("Bits", format="%.2f", width=46, help="bits per linear weight, scales and zero points "
                                                                   "included"),
         "MB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
@@ -139,8 +141,7 @@ def summary_section(result: LabResult, page: str) -> None:
             f"at most: batch-1 decode reads every weight once, so {H200.peak_bytes_per_s / 1e12:.2f} TB/s (the "
             "H200's measured copy bandwidth) / checkpoint bytes")),
         "Chat KL": num(format="%.3g", width=58, help="mean KL(full ‖ quantized) per answer token, in nats"),
-        "Chat top-1": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0, width=86,
-                                                      help="how often its top token is the full model's"),
+        "Chat top-1": share_column(width=86, help="how often its top token is the full model's"),
         "Chat answers ppl": num("Chat ppl", format="%.2f", width=62, help="perplexity of the full model's own "
                                                                           "answers: how surely it would still write "
                                                                           "them"),

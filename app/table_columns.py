@@ -1,0 +1,24 @@
+"""Column helpers shared by the pages' data tables.
+
+A share (0..1) is shown as whole percent points, "76%", like the bar labels on the charts beside it: Streamlit's
+"percent" format prints "76.47%", and its printf formats cannot multiply by 100, so the frame shown carries
+percent points (`in_percent_points`) and the column formats them (`share_column`). The analyses keep fractions.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+
+def in_percent_points(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """A copy of `frame` with the share columns (0..1) times 100, for `share_column`."""
+    return frame.assign(**{c: 100 * frame[c] for c in columns})
+
+
+def share_column(label: str | None = None, bar: bool = True, **kwargs: Any) -> Any:
+    """A share in percent points, "76%": a progress bar (0 to 100), or a plain number with `bar=False`."""
+    if bar:
+        return st.column_config.ProgressColumn(label, format="%.0f%%", min_value=0, max_value=100, **kwargs)
+    return st.column_config.NumberColumn(label, format="%.0f%%", **kwargs)

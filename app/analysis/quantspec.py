@@ -78,7 +78,7 @@ def runs_frame(result: SelfSpecLabResult) -> pd.DataFrame:
         rows.append({"draft's cache": FORMATS[r.kv_format].label,
                      "draft's weights": "16-bit" if r.draft_weight_bits == 16 else f"INT{r.draft_weight_bits}",
                      "cache bytes/token": round(r.draft_bytes_per_token), "drafted": r.drafted,
-                     "accepted": r.accepted, "acceptance": f"{r.acceptance:.0%}", "target passes": len(r.rounds),
+                     "accepted": r.accepted, "acceptance": r.acceptance, "target passes": len(r.rounds),
                      "tokens a pass": round(r.tokens_per_pass, 2),
                      "same text": "yes" if r.tokens == result.plain else "NO"})
     return pd.DataFrame(rows)

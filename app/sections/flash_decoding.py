@@ -131,12 +131,15 @@ def _measured_part() -> None:
         show_figure(split_gain_chart(bench), key="flash-split-gain", height=430, export_width=900)
     with right:
         rows = sorted(bench.rows, key=lambda r: (r.batch, r.context))
-        st.dataframe(pd.DataFrame([{"batch": r.batch, "context": f"{r.context:,}", "splits": r.splits,
-                                    "split µs": round(r.split_us, 1), "one split µs": round(r.one_split_us, 1),
-                                    "gain": f"{r.gain:.2f}×"} for r in rows]),
+        # Numbers, not pre-formatted text, so that each column sorts by value ("16,384" sorted before "2,048").
+        st.dataframe(pd.DataFrame([{"batch": r.batch, "context": r.context, "splits": r.splits,
+                                    "split µs": r.split_us, "one split µs": r.one_split_us, "gain": r.gain}
+                                   for r in rows]),
                      hide_index=True, height=390, column_config={  # one decimal throughout: "6.0", not "6"
+                         "context": st.column_config.NumberColumn(format="%,.0f"),
                          "split µs": st.column_config.NumberColumn(format="%.1f"),
-                         "one split µs": st.column_config.NumberColumn(format="%.1f")})
+                         "one split µs": st.column_config.NumberColumn(format="%.1f"),
+                         "gain": st.column_config.NumberColumn(format="%.2f×")})
     best = max(bench.rows, key=lambda r: r.gain)
     st.caption(f"Recorded with `{bench.command}` on the {bench.device} (`bench/results/split_kv_h200.json`): one "
                "decode step's attention for one layer, bf16, 16-token pages in shuffled order, CUDA-graph timed. "
@@ -151,5 +154,5 @@ def _kernel_part(token_ids: tuple[int, ...], layer: int, splits: int, qkv: Layer
     st.markdown(":material/memory: **The engine's Triton decode kernel on this GPU**, on the same row (every query "
                 "head, batch 1), reading K and V through a block table from shuffled 16-token pages:")
     st.dataframe(pd.DataFrame([{"launch": r.label, "splits": r.splits, "keys per split": r.partition,
-                                "K tile": r.block_n, "rel. error vs float64": f"{r.rel_err:.1e}"} for r in runs]),
-                 hide_index=True)
+                                "K tile": r.block_n, "rel. error vs float64": r.rel_err} for r in runs]),
+                 hide_index=True, column_config={"rel. error vs float64": st.column_config.NumberColumn(format="%.1e")})

@@ -2,7 +2,6 @@
 the live model (its K and V projections factored through a latent, the cache holding only the latent)."""
 from __future__ import annotations
 
-import math
 
 import pandas as pd
 import streamlit as st
@@ -12,7 +11,7 @@ from engine.kv_latent.lab import (KIND_LABELS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS,
 
 from app.analysis.kv_math import PUBLISHED_CACHES, human_bytes
 from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure, tradeoff_figure
-from app.formatting import fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import shared_weights
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
 from app.theme import show_figure
@@ -133,7 +132,11 @@ def latent_lab_section(page: str) -> None:
                     "after up_k; a trained MLA keeps RoPE in a separate small key so that up_k folds into the query "
                     "projection too.")
     with st.expander("Every cache layout scored"):
-        st.dataframe(_points_frame(result), hide_index=True, width="stretch")
+        frame = _points_frame(result)
+        pct = st.column_config.NumberColumn
+        st.dataframe(frame, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
+            "share of GQA's cache": pct(format="%.0f%%"), "spectrum kept": pct(format="%.1f%%"),
+            **{c: pct(format="%.1f%%") for c in frame.columns if c.endswith(" top-1")}})
     st.caption(f"Calibration: 1,024 tokens of the chat text the weight and activation pages use; scored on "
                f"{plural(result.points[0].scores['chat'].tokens, 'chat token')} and "
                f"{plural(result.points[0].scores['prose'].tokens, 'prose token')} the model did not calibrate on. "
@@ -185,11 +188,11 @@ def _findings(result: LatentLabResult, domain: str) -> None:
 def _points_frame(result: LatentLabResult) -> pd.DataFrame:
     rows = []
     for p in sorted(result.points, key=lambda p: (-p.rank, p.kind)):
+        # Shares in percent points and NaN where a layout has no spectrum: numbers, so each column sorts by value.
         row = {"cache layout": p.label, "numbers a token and layer": p.rank,
-               "share of GQA's cache": f"{p.rank / result.full_rank:.0%}",
-               "spectrum kept": "–" if math.isnan(p.kept_energy) else f"{p.kept_energy:.1%}"}
+               "share of GQA's cache": 100 * p.rank / result.full_rank, "spectrum kept": 100 * p.kept_energy}
         for d, s in p.scores.items():
             row[f"{d} KL (nats)"] = round(s.kl, 4)
-            row[f"{d} top-1"] = f"{s.top1:.1%}"
+            row[f"{d} top-1"] = 100 * s.top1
         rows.append(row)
     return pd.DataFrame(rows)

@@ -19,6 +19,7 @@ from app.charts.quantspec import rounds_figure, speedup_figure
 from app.runtime import device, device_label, dtype_name, shared_weights
 from app.sections.kv_compression import server_lab
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 
 MAX_PROMPT_CHARS = 1000
@@ -102,12 +103,12 @@ def quantspec_section(page: str) -> None:
                      "KiB")
     text, num = st.column_config.TextColumn, st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
-    st.dataframe(runs_frame(result), hide_index=True, width="stretch", column_config={
+    st.dataframe(in_percent_points(runs_frame(result), "acceptance"), hide_index=True, width="stretch", column_config={
         "draft's cache": text(width=190, help="the draft's KV cache: the target's, stored in this format"),
         "draft's weights": text("weights", width=64, help="the draft's decoder linears"),
         "cache bytes/token": num("bytes/token", width=88, help="the draft's cache per token, codes and scales"),
         "drafted": num(width=64), "accepted": num(width=70),
-        "acceptance": text(width=84, help="accepted / drafted"),
+        "acceptance": share_column(bar=False, width=84, help="accepted / drafted"),
         "target passes": num("passes", width=60, help="verification passes of the target"),
         "tokens a pass": num("tokens/pass", format="%.2f", width=86, help="tokens written per target pass"),
         "same text": text("same", width=54, help="the same text as plain decoding"),

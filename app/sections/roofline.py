@@ -22,7 +22,7 @@ from app.analysis.roofline_math import (above_roof, attention_decode_intensity, 
 from app.charts.kernel_paths import kernel_path_chart
 from app.charts.roofline import (decode_calculator_chart, fmt_rate, point_label, request_latency_chart,
                                  roofline_chart, step_latency_chart)
-from app.formatting import fmt_duration
+from app.formatting import NO_VALUE, fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec, Scenario
 from app.session import EngineSession
@@ -344,7 +344,8 @@ def kernel_paths_section(session: EngineSession) -> None:
     if not runs:
         return
     show_figure(kernel_path_chart(runs), key="roofline-paths", height=130 + 85 * len(runs))
-    st.dataframe(pd.DataFrame(summary_rows(runs)), hide_index=True, width="stretch")
+    st.dataframe(pd.DataFrame(summary_rows(runs)), hide_index=True, width="stretch",
+                 placeholder=NO_VALUE)  # a path that ran no decode step has no decode figures
     if len(runs) < 2:
         st.caption("One kernel path ran here, so there are no tokens to compare and no launch overhead to remove: "
                    "the GPU's figures are in the table above.")

@@ -244,7 +244,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     with st.expander(":material/table_rows: Every output token: allowed, wanted, written"):
         st.dataframe(pd.DataFrame(token_rows(sample, session.weights.tokenizer)), hide_index=True, width="stretch",
                      placeholder=NO_VALUE)
-        st.caption("–: no value. A token written by jump-forward had no model pass; with no grammar there is no mask.")
+        st.caption(f"{NO_VALUE}: no value. A token written by jump-forward had no model pass; with no grammar there "
+                   "is no mask.")
 
 
 # ---- free vs masked vs jump-forward --------------------------------------------------------------

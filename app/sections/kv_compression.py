@@ -205,8 +205,8 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
         "Tokens": st.column_config.NumberColumn(help="tokens each KV head of every layer holds after the run"),
         "× smaller": st.column_config.NumberColumn(format="%.2f×", help="than a BF16 cache of every token: "
                                                    "quantization and eviction together"),
-        "Top-1 match": share_column(help="share of positions where its top token is the "
-                                                            "reference's (fed the reference's text)"),
+        "Top-1 match": share_column(help="share of positions where its top token is the reference's (fed the "
+                                         "reference's text)"),
         "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
                                                    "next-token distributions"),
         "Text leaves at": st.column_config.TextColumn(help="first token where its own greedy text differs from "

@@ -2,7 +2,6 @@
 the live model (its K and V projections factored through a latent, the cache holding only the latent)."""
 from __future__ import annotations
 
-
 import pandas as pd
 import streamlit as st
 
@@ -14,6 +13,7 @@ from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure,
 from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import shared_weights
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
+from app.table_columns import in_percent_points
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -133,10 +133,20 @@ def latent_lab_section(page: str) -> None:
                     "projection too.")
     with st.expander("Every cache layout scored"):
         frame = _points_frame(result)
-        pct = st.column_config.NumberColumn
-        st.dataframe(frame, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
-            "share of GQA's cache": pct(format="%.0f%%"), "spectrum kept": pct(format="%.1f%%"),
-            **{c: pct(format="%.1f%%") for c in frame.columns if c.endswith(" top-1")}})
+        top1 = [c for c in frame.columns if c.endswith(" top-1")]
+        num = st.column_config.NumberColumn
+        # Shares in percent points, numbers so that each column sorts by value; – where a layout has no spectrum.
+        # Short headers (the meanings in the tooltips): all eight columns fit the expander on a projector.
+        st.dataframe(in_percent_points(frame, "share of GQA's cache", "spectrum kept", *top1), hide_index=True,
+                     width="stretch", placeholder=NO_VALUE, column_config={
+                         "numbers a token and layer": num("numbers", help="numbers cached per token and layer"),
+                         "share of GQA's cache": num("vs GQA", format="%.0f%%", help="share of GQA's cache"),
+                         "spectrum kept": num("spectrum", format="%.1f%%",
+                                              help="share of the spectrum the latent keeps, mean over layers"),
+                         **{c: num(c.replace(" (nats)", ""), help="mean KL per token, in nats")
+                            for c in frame.columns if c.endswith(" KL (nats)")},
+                         **{c: num(format="%.1f%%", help="how often its top token is the full model's")
+                            for c in top1}})
     st.caption(f"Calibration: 1,024 tokens of the chat text the weight and activation pages use; scored on "
                f"{plural(result.points[0].scores['chat'].tokens, 'chat token')} and "
                f"{plural(result.points[0].scores['prose'].tokens, 'prose token')} the model did not calibrate on. "
@@ -188,11 +198,10 @@ def _findings(result: LatentLabResult, domain: str) -> None:
 def _points_frame(result: LatentLabResult) -> pd.DataFrame:
     rows = []
     for p in sorted(result.points, key=lambda p: (-p.rank, p.kind)):
-        # Shares in percent points and NaN where a layout has no spectrum: numbers, so each column sorts by value.
         row = {"cache layout": p.label, "numbers a token and layer": p.rank,
-               "share of GQA's cache": 100 * p.rank / result.full_rank, "spectrum kept": 100 * p.kept_energy}
+               "share of GQA's cache": p.rank / result.full_rank, "spectrum kept": p.kept_energy}
         for d, s in p.scores.items():
             row[f"{d} KL (nats)"] = round(s.kl, 4)
-            row[f"{d} top-1"] = 100 * s.top1
+            row[f"{d} top-1"] = s.top1
         rows.append(row)
     return pd.DataFrame(rows)

@@ -212,11 +212,12 @@ def timing_section(result: MergeResult, page: str) -> None:
         "LoRA kernels ms": num("LoRA ms", format="%.3g", width=68, help="the LoRA kernels (lora.qkv + lora.o + "
                                                                         "lora.gate_up + lora.down over 30 layers) "
                                                                         "in the unmerged median step"),
-        "LoRA share of step": share_column("LoRA share", width=96, help="the LoRA kernels' share of the unmerged step"),
+        "LoRA share of step": share_column("LoRA share", width=96,
+                                           help="the LoRA kernels' share of the unmerged step"),
         "LoRA FLOPs vs linears": num(
-            "LoRA FLOPs", format="%.1f%%", width=84, help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the "
-                                         "engine counts them: its slots pad every fused linear to the full stacked "
-                                         "rank"),
+            "LoRA FLOPs", format="%.1f%%", width=84,
+            help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the engine counts them: its "
+                 "slots pad every fused linear to the full stacked rank"),
         "Merged tok/s": num(format="%.0f", width=92),
         "Unmerged tok/s": num(format="%.0f", width=104),
     })

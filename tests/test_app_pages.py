@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -186,3 +187,30 @@ def test_kv_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPat
     first, second = session.records
     assert second.pool.filled_tokens == first.pool.filled_tokens + 1  # one token per decode step
     assert session.records[-1].requests[0].text.strip()
+
+
+def test_request_table_ttft_is_a_number_that_sorts(random_app: AppTest) -> None:
+    """TTFT in the request table is milliseconds as a number (sorts by value), empty before the first token."""
+    at = open_page(random_app, "04_continuous_batching.py")
+    for _ in range(2):
+        at.button(key="cb-btn-step").click().run()
+    assert_clean(at)
+    table = next(d for d in at.dataframe if "text so far" in d.value.columns)
+    frame = table.value
+    assert pd.api.types.is_float_dtype(frame["TTFT"])
+    record = session_of(at, "cb").records[-1]
+    for q, ttft in zip(record.requests, frame["TTFT"]):
+        if q.ttft_seconds >= 0:
+            assert ttft == pytest.approx(q.ttft_seconds * 1e3)
+        else:
+            assert pd.isna(ttft)
+    assert frame["TTFT"].notna().any() and frame["TTFT"].isna().any()  # one has its first token, one waits
+
+
+def test_request_editor_pins_name_and_prompt(random_app: AppTest) -> None:
+    """Twelve request fields scroll sideways at 1280 pixels: the name and prompt stay pinned beside the
+    sampling fields, so a row's temperature is never read without its prompt."""
+    at = open_page(random_app, "04_continuous_batching.py")
+    editor = next(d for d in at.dataframe if "prompt" in d.value.columns and d.proto.editing_mode)
+    config = json.loads(editor.proto.columns)
+    assert {c for c, v in config.items() if v.get("pinned")} == {"request_id", "prompt"}

@@ -165,8 +165,8 @@ def assert_tables_fit(pg) -> None:  # noqa: ANN001
     table of runs hid its last two columns, the per-request table beside its scatter three, and the
     speculative benchmark, the weight-quantization results, the LoRA timings, QuantSpec's runs and the
     constrained modes one to eight each. Not the data editors in forms: the request editor is a spreadsheet
-    of twelve fields whose headers carry an edit icon, and its sampling fields scroll into view (squeezed to
-    fit, every header was cut to two or three letters)."""
+    of twelve fields whose headers carry an edit icon, and its sampling fields scroll into view beside the
+    pinned name and prompt (squeezed to fit, every header was cut to two or three letters)."""
     wide = pg.evaluate("""() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
         .filter(df => !df.closest('[data-testid="stForm"]')).flatMap(df => {
         const s = df.querySelector('.dvn-scroller');

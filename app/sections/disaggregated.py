@@ -10,13 +10,14 @@ from app.analysis.disaggregated import (compare_serving, first_moments, handoffs
                                         latest_records, median, pool_at_send, worst_gap)
 from app.charts.block_pool import block_pool_grid
 from app.charts.disaggregated import compare_gaps_figure, compare_ttft_figure, first_moments_figure, worker_timeline
-from app.formatting import fmt_block_ids, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_block_ids, fmt_duration, plural
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
 from app.widgets.comparison import comparison_runner
 from app.widgets.explain import explanation
 from app.widgets.kernel_panel import kernel_timing_panel
+from app.widgets.request_table import TTFT_COLUMN, ttft_ms
 
 # Nominal link speeds (one direction) for the "what would it take over ..." line: datasheet figures, said so
 # on the page; only the shared-memory copy is measured here.
@@ -157,9 +158,9 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
 
 def _request_table(record: ClusterStepRecord) -> None:
     rows = [{"request": q.request_id, "stage": q.stage, "prompt": q.prompt_len, "generated": q.output_len,
-             "TTFT": fmt_duration(q.ttft_seconds), "text so far": q.text} for q in record.requests]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={"text so far": st.column_config.TextColumn(width="large")})
+             "TTFT": ttft_ms(q.ttft_seconds), "text so far": q.text} for q in record.requests]
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", placeholder=NO_VALUE,
+                 column_config={"TTFT": TTFT_COLUMN, "text so far": st.column_config.TextColumn(width="large")})
 
 
 def compare_section(session: EngineSession, page: str) -> None:

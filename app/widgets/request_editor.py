@@ -157,7 +157,9 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                 num_rows="dynamic",
                 hide_index=True, width="stretch", placeholder="",  # empty cells mean "default", not "None"
                 column_config={
-                    "prompt": st.column_config.TextColumn("prompt", width="medium", required=True),
+                    # Name and prompt pinned: the sampling fields scroll into view beside the prompt they belong to
+                    # (twelve fields do not fit 1280 pixels without cutting every header to a few letters).
+                    "prompt": st.column_config.TextColumn("prompt", width="medium", required=True, pinned=True),
                     "max_tokens": st.column_config.NumberColumn("max_tokens", min_value=1, max_value=1024, step=1),
                     "arrival_step": st.column_config.NumberColumn("arrival step", min_value=0, step=1),
                     "temperature": st.column_config.NumberColumn("temperature", min_value=0.0, max_value=5.0, step=0.1),
@@ -166,7 +168,8 @@ def scenario_editor(session: EngineSession, page: str, library: list[Scenario]) 
                     "seed": st.column_config.NumberColumn("seed", step=1, help="empty: a fresh random seed"),
                     "n": st.column_config.NumberColumn("n (samples)", min_value=1, max_value=8, step=1),
                     "stop": st.column_config.TextColumn("stop string"),
-                    "request_id": st.column_config.TextColumn("name", width="small", help="empty: r0, r1, ... by position"),
+                    "request_id": st.column_config.TextColumn("name", width="small", help="empty: r0, r1, ... by position",
+                                                              pinned=True),
                     "adapter": st.column_config.SelectboxColumn(
                         "adapter", options=["", *getattr(session.engine, "adapter_names", ())],
                         help="the LoRA adapter this request runs with; empty: the base model"),

@@ -13,7 +13,7 @@ from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure,
 from app.formatting import NO_VALUE, fmt_duration, plural
 from app.runtime import shared_weights
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
-from app.table_columns import in_percent_points
+from app.table_columns import in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -140,7 +140,7 @@ def latent_lab_section(page: str) -> None:
         st.dataframe(in_percent_points(frame, "share of GQA's cache", "spectrum kept", *top1), hide_index=True,
                      width="stretch", placeholder=NO_VALUE, column_config={
                          "numbers a token and layer": num("numbers", help="numbers cached per token and layer"),
-                         "share of GQA's cache": num("vs GQA", format="%.0f%%", help="share of GQA's cache"),
+                         "share of GQA's cache": share_column("vs GQA", bar=False, help="share of GQA's cache"),
                          "spectrum kept": num("spectrum", format="%.1f%%",
                                               help="share of the spectrum the latent keeps, mean over layers"),
                          **{c: num(c.replace(" (nats)", ""), help="mean KL per token, in nats")

@@ -14,9 +14,10 @@ TTFT_COLUMN = st.column_config.NumberColumn("TTFT (ms)", format="%.1f",
                                             help="time to first token, from arrival; empty until the first token")
 
 
-def ttft_ms(seconds: float | None) -> float | None:
-    """A request's TTFT in ms for a table cell; None (printed as the placeholder) before its first token."""
-    return seconds * 1e3 if seconds is not None and seconds >= 0 else None
+def ttft_ms(seconds: float) -> float | None:
+    """A request's TTFT in ms for a table cell; None (printed as the placeholder) before its first token (the
+    records hold -1 seconds until then)."""
+    return seconds * 1e3 if seconds >= 0 else None
 
 
 def request_state_table(record: StepRecord, bytes_per_token: int | None = None) -> None:

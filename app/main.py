@@ -25,11 +25,23 @@ st.set_page_config(page_title="InferScope", page_icon=":material/visibility:", l
 
 
 def _page(spec) -> st.Page:  # noqa: ANN001 (PageSpec)
-    return st.Page(spec.file, title=spec.title, icon=spec.icon, url_path=spec.url_path,
-                   default=spec is HOME)
+    # The default page's own url_path is never served (it lives at `/`), yet must be unique: it gets a private
+    # one so the registry's `home` path can go to the redirect below.
+    url_path = f"{spec.url_path}-default" if spec is HOME else spec.url_path
+    return st.Page(spec.file, title=spec.title, icon=spec.icon, url_path=url_path, default=spec is HOME)
 
 
-nav = {"": [_page(HOME)]}
+home = _page(HOME)
+
+
+def _redirect_home() -> None:
+    st.switch_page(home)
+
+
+# Streamlit serves the default page at `/` only, so a visitor who types `/home` (the home page's name in the
+# registry) got "Page not found". A hidden page at that path sends them to the home page instead.
+home_alias = st.Page(_redirect_home, title="Home", url_path=HOME.url_path, visibility="hidden")
+nav = {"": [home, home_alias]}
 nav.update({section: [_page(p) for p in specs] for section, specs in pages_by_section().items()})
 current = st.navigation(nav, position="sidebar")
 

@@ -81,9 +81,8 @@ def bench(fn, warmup=25, rep=100) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def bench_graph(fns, warmup=25, rep=100) -> float:
-    """Median milliseconds per call of `fns` (one call each, e.g. one per rotating input set),
-    replayed from a CUDA graph so launch overhead is out of the number (as in the engine's decode)."""
+def graph_of(fns) -> torch.cuda.CUDAGraph:
+    """One CUDA graph replaying every call in `fns` once (after one eager run of each, which compiles them)."""
     for f in fns:
         f()
     torch.cuda.synchronize()
@@ -91,6 +90,13 @@ def bench_graph(fns, warmup=25, rep=100) -> float:
     with torch.cuda.graph(g):
         for f in fns:
             f()
+    return g
+
+
+def bench_graph(fns, warmup=25, rep=100) -> float:
+    """Median milliseconds per call of `fns` (one call each, e.g. one per rotating input set),
+    replayed from a CUDA graph so launch overhead is out of the number (as in the engine's decode)."""
+    g = graph_of(fns)
     ms = bench(g.replay, warmup, rep) / len(fns)
     del g
     return ms

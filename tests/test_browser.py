@@ -356,6 +356,20 @@ def test_home(server, page) -> None:  # noqa: ANN001
     shoot(page, "00_home")
 
 
+def test_home_path_opens_the_home_page(server, page) -> None:  # noqa: ANN001
+    """`/home` (the home page's name in the registry) sends the visitor to the home page at `/`; Streamlit serves a
+    default page only at the root and used to answer `/home` with its "Page not found" dialog."""
+    page.goto(f"{server}/home")
+    page.wait_for_selector('[data-testid="stPageLink"]')
+    wait_idle(page, settle=False)
+    assert page.locator('[role="dialog"]').count() == 0, page.locator('[role="dialog"]').all_inner_texts()
+    assert page.url.rstrip("/") == server.rstrip("/")
+    assert "InferScope" in page.locator("h1").first.inner_text()
+    nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
+    assert nav.count("Home") == 1, nav  # the alias page is hidden from the navigation
+    assert_clean(page)
+
+
 ENGINE_PAGES = [
     ("kv-cache", "01_kv_cache", 3),
     ("attention-roofline", "02_attention_roofline", 4),

@@ -22,8 +22,9 @@ case "${1:-}" in
     { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
       python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
     } 2>&1 | tee "$OUT/gpu_info.txt"
-    # kernels.py also writes $OUT/kernels_h200.json when OUT is set: one file, not two (8 files come back a call).
-    timeout 150 python3 bench/kernels.py --out "$OUT/kernels_h200.json" 2>&1 | tee "$OUT/kernels.log"
+    # File names in $OUT say nothing of the card (a call may land on an H100 or an H200): gpu_info.txt and each
+    # JSON's GPU field do. Copy them into bench/results/ with the card in the name.
+    timeout 150 python3 bench/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"
     # The decode ratio's spread over repeats on this machine (the same inputs, ABBA order), into the same log.
     timeout 90 python3 bench/paged_decode_spread.py --repeats 6 --out "$OUT/paged_decode_spread.json" 2>&1 \
       | tee -a "$OUT/kernels.log"

@@ -10,7 +10,8 @@ One run: measures device copy bandwidth, checks each kernel against its referenc
      for a knob sweep);
   3. kv_store bandwidth.
 (Runs 1-3 also swept tile/split knobs and the autotuner; see bench/NOTES_kernels.md.)
-Prints a table and writes JSON to --out (and to $OUT/kernels_h200.json when $OUT is set).
+Prints a table and writes JSON to --out (and a copy to $OUT/kernels_h200.json when $OUT is set and --out is not
+already in it; the JSON's "info" names the GPU that ran).
 Timing: triton.testing.do_bench medians after warm-up, random data, input sets rotated when one
 set would fit in L2.
 """
@@ -453,7 +454,10 @@ def main() -> None:
         for k, v in corr.items())]
     table = "\n".join(lines)
     result["table"] = table
-    for path in [args.out] + ([os.path.join(os.environ["OUT"], "kernels_h200.json")] if os.environ.get("OUT") else []):
+    paths = [Path(args.out)]
+    if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != paths[0].resolve().parent:
+        paths.append(Path(os.environ["OUT"]) / "kernels_h200.json")
+    for path in paths:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=1, default=str)

@@ -83,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="1024,8192,16384,32768")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "paged_decode_spread_h200.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "paged_decode_spread.json"))
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench/paged_decode_spread.py needs CUDA"
     if args.repeats < 2:
@@ -93,8 +93,9 @@ def main() -> None:
     clocks_up(seconds=2.0)
     cp = copy_bandwidth()
     rows = [one_length(int(L), args.repeats, gen) for L in args.lengths.split(",")]
-    text = table(rows, cp["TBps"])
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy": cp, "repeats": args.repeats,
+    gpu = torch.cuda.get_device_name()
+    text = f"GPU {gpu}  torch {torch.__version__}\n" + table(rows, cp["TBps"])
+    result = {"gpu": gpu, "torch": torch.__version__, "copy": cp, "repeats": args.repeats,
               "rows": rows, "table": text, "wall_s": time.time() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))

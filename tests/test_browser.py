@@ -304,6 +304,48 @@ def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_we
         ctx.close()
 
 
+# The gap, in px, between a marker's centre and the rotated bandwidth label's text box (in the label's own frame,
+# so the rotation is exact), and the marker's radius. The roof line and ridge point are the only other markers.
+_SLOPE_GAP_JS = """() => {
+    const label = [...document.querySelectorAll('.annotation-text')].find(e => e.textContent.startsWith('bandwidth'));
+    const box = label.getBBox();
+    const marker = [...document.querySelectorAll('.scatterlayer .points path')]
+        .find(p => p.style.fill !== 'rgb(255, 255, 255)').getBoundingClientRect();
+    const c = new DOMPoint(marker.x + marker.width / 2, marker.y + marker.height / 2)
+        .matrixTransform(label.getScreenCTM().inverse());
+    const gx = Math.max(box.x - c.x, 0, c.x - box.x - box.width), gy = Math.max(box.y - c.y, 0, c.y - box.y - box.height);
+    return [Math.hypot(gx, gy), marker.width / 2];
+}"""
+
+
+def test_roofline_slope_label_clears_a_kernel_on_the_slope(browser) -> None:  # noqa: ANN001
+    """A memory-bound kernel that reaches the bandwidth roof sits on the slope, under the label that names it: on
+    the CPU the LM head's marker covered "bandwidth β = 35 GB/s". A kernel exactly on the roof at intensities all
+    along the label, drawn in Chromium at the page's size: the marker stays clear of the rotated text."""
+    from app.analysis.roofline_math import KernelPoint
+    from app.charts.roofline import roofline_chart
+    from app.theme import TEMPLATE
+    from kernels.ceilings import Ceilings
+
+    ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+    pg = ctx.new_page()
+    _plotly_page(pg, 820, 560)
+    try:
+        for flops, bandwidth in ((3.42e11, 3.5e10), (9.9e14, 4.8e12)):  # this CPU's ceilings; an H200's
+            c = Ceilings(flops, bandwidth, "a sweep", "float32")
+            for intensity in (c.ridge / k for k in (25, 12, 8, 6, 4.5, 3.5, 2.5, 1.8)):
+                nbytes = 1e8
+                on_roof = KernelPoint(step=0, phase="decode", name="lm_head", family="lm_head", backend="torch",
+                                      calls=1, seconds=nbytes / bandwidth, flops=intensity * nbytes, bytes=nbytes)
+                fig = roofline_chart(c, [on_roof], [], "Step on the roofline")
+                fig.update_layout(template=TEMPLATE, width=820, height=560)
+                _draw(pg, fig)
+                gap, radius = pg.evaluate(_SLOPE_GAP_JS)
+                assert gap >= radius, (flops, bandwidth, intensity, gap, radius)
+    finally:
+        ctx.close()
+
+
 def test_roofline_label_boxes_are_where_plotly_draws_them(browser) -> None:  # noqa: ANN001
     """The roofline places its labels from estimated boxes. Plotly sets a marker's text off by the marker's radius
     (plotly.js Drawing.textPointPosition); an estimate that put every label 9 px sideways and 3 px up or down let

@@ -61,6 +61,11 @@ PLOT_PX = (509.0, 422.0)
 # 6 px higher than estimated: at 1280 pixels the summed "linear layers" ran into "lm_head" on a CI run.)
 CURRENT_MARKER = (15.0, 11.0)  # marker size and font of the selected step's points, px
 EARLIER_MARKER = (11.0, 10.0)  # the run's other steps
+# The bandwidth label runs along the slope this far clear of it: a memory-bound kernel at the roof sits on the slope
+# itself (the LM head often does), and with the label's bottom on the line its marker covered the text. Plotly
+# draws a size-15 diamond 19.5 px across, so 10 px is its reach; 3 more keep the text off its outline.
+SLOPE_LABEL_CLEARANCE_PX = 13.0
+SLOPE_LABEL_FONT_PX = 12
 
 
 def _label_box(lx: float, ly: float, pos: str, text: str, marker_px: float, font_px: float, dx: float,
@@ -167,15 +172,23 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     roof_text = f"compute roof π = {fmt_rate(c.peak_flops, 'FLOP/s')}"
     fig.add_annotation(x=math.log10(c.ridge * 1.6), y=math.log10(c.peak_flops), xanchor="left", yanchor="bottom",
                        text=roof_text, showarrow=False, font=dict(size=12, color="#374151"))
+    dx, dy = _decades_per_px((x_lo, x_hi), (y_lo, y_hi))
     slope_x = max(x_lo * 3, c.ridge / 40)
     slope_text = f"bandwidth β = {fmt_rate(c.peak_bytes_per_s, 'B/s')}"
+    # Parallel to the slope as drawn: one decade up per decade across is dx / dy pixels up per pixel across.
+    slope = math.atan(dx / dy)
+    # Plotly anchors the rotated text's bounding box, whose bottom-left corner is left of the text's own by
+    # h·sin θ, where the line is h·sin θ·tan θ higher; the text's bottom edge then runs parallel to the line.
+    text_h = 1.4 * SLOPE_LABEL_FONT_PX
+    lift = SLOPE_LABEL_CLEARANCE_PX / math.cos(slope) + text_h * math.sin(slope) * math.tan(slope)
     fig.add_annotation(x=math.log10(slope_x), y=math.log10(c.attainable(slope_x)), xanchor="left", yanchor="bottom",
-                       text=slope_text, showarrow=False, textangle=-28, font=dict(size=12, color="#374151"))
-    dx, dy = _decades_per_px((x_lo, x_hi), (y_lo, y_hi))
+                       yshift=lift, text=slope_text, showarrow=False, textangle=-math.degrees(slope),
+                       font=dict(size=SLOPE_LABEL_FONT_PX, color="#374151"))
     lr, lp = math.log10(c.ridge), math.log10(c.peak_flops)
     ridge_text = f"ridge {c.ridge:.3g} FLOP/B"
     obstacles = [_text_box(lr + math.log10(1.6), lp, roof_text, dx, dy),
-                 _text_box(math.log10(slope_x), math.log10(c.attainable(slope_x)), slope_text, dx, dy, angle_deg=28),
+                 _text_box(math.log10(slope_x), math.log10(c.attainable(slope_x)) + lift * dy, slope_text, dx, dy,
+                           angle_deg=math.degrees(slope), font_px=SLOPE_LABEL_FONT_PX),
                  (lr - 9 * dx, lr + 9 * dx, lp - 9 * dy, lp + 9 * dy),  # the ridge marker
                  # its label, centred 20 px left of it and 34 px above
                  _text_box(lr - (20 + 3.3 * len(ridge_text)) * dx, lp + 30 * dy, ridge_text, dx, dy)]

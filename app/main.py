@@ -40,7 +40,7 @@ def _redirect_home() -> None:
 
 # Streamlit serves the default page at `/` only, so a visitor who types `/home` (the home page's name in the
 # registry) got "Page not found". A hidden page at that path sends them to the home page instead.
-home_alias = st.Page(_redirect_home, title="Home", url_path=HOME.url_path, visibility="hidden")
+home_alias = st.Page(_redirect_home, title=HOME.title, url_path=HOME.url_path, visibility="hidden")
 nav = {"": [home, home_alias]}
 nav.update({section: [_page(p) for p in specs] for section, specs in pages_by_section().items()})
 current = st.navigation(nav, position="sidebar")

@@ -66,6 +66,7 @@ EARLIER_MARKER = (11.0, 10.0)  # the run's other steps
 # draws a size-15 diamond 19.5 px across, so 10 px is its reach; 3 more keep the text off its outline.
 SLOPE_LABEL_CLEARANCE_PX = 13.0
 SLOPE_LABEL_FONT_PX = 12
+LINE_HEIGHT_EM = 1.4  # the height of a one-line label's box, per px of font
 
 
 def _label_box(lx: float, ly: float, pos: str, text: str, marker_px: float, font_px: float, dx: float,
@@ -133,7 +134,7 @@ def _text_box(lx: float, ly: float, text: str, dx: float, dy: float, angle_deg: 
               font_px: float = 12) -> Box:
     """The log-space box a label anchored at its bottom-left (lx, ly, in log10 units) covers, rotated
     `angle_deg` upwards; dx, dy from `_decades_per_px`."""
-    w_px, h_px = len(text) * 0.55 * font_px, 1.4 * font_px
+    w_px, h_px = len(text) * 0.55 * font_px, LINE_HEIGHT_EM * font_px
     a = math.radians(angle_deg)
     return (lx, lx + (w_px * math.cos(a) + h_px * math.sin(a)) * dx, ly,
             ly + (w_px * math.sin(a) + h_px * math.cos(a)) * dy)
@@ -179,7 +180,7 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     slope = math.atan(dx / dy)
     # Plotly anchors the rotated text's bounding box, whose bottom-left corner is left of the text's own by
     # h·sin θ, where the line is h·sin θ·tan θ higher; the text's bottom edge then runs parallel to the line.
-    text_h = 1.4 * SLOPE_LABEL_FONT_PX
+    text_h = LINE_HEIGHT_EM * SLOPE_LABEL_FONT_PX
     lift = SLOPE_LABEL_CLEARANCE_PX / math.cos(slope) + text_h * math.sin(slope) * math.tan(slope)
     fig.add_annotation(x=math.log10(slope_x), y=math.log10(c.attainable(slope_x)), xanchor="left", yanchor="bottom",
                        yshift=lift, text=slope_text, showarrow=False, textangle=-math.degrees(slope),

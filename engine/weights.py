@@ -31,11 +31,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from engine.config import ModelConfig
+from engine.file_lock import file_lock
 from engine.tokenizer import ASSETS_DIR, Tokenizer, default_tokenizer
 
 if TYPE_CHECKING:  # transformers costs seconds to import; only the slow paths need it.
@@ -158,20 +159,6 @@ def load_gguf_hf(gguf: Path) -> tuple[LlamaForCausalLM, object]:
     return model.eval(), hf_tok
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Exclusive lock so parallel test workers convert once, not once each."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        try:
-            import fcntl
-
-            fcntl.flock(f, fcntl.LOCK_EX)
-        except ImportError:  # non-POSIX: atomic rename below still prevents a torn cache
-            pass
-        yield
-
-
 def _gguf_fingerprint(gguf: Path) -> dict[str, object]:
     return {"gguf": gguf.name, "gguf_size": gguf.stat().st_size}
 
@@ -233,7 +220,7 @@ def ensure_cache(force: bool = False) -> Path:
     root, gguf = cache_dir(), find_gguf()
     if not force and _cache_valid(root, gguf):
         return root
-    with _locked(root.parent / f".{root.name}.lock"):
+    with file_lock(root.parent / f".{root.name}.lock"):
         if not force and _cache_valid(root, gguf):  # another process finished while we waited
             return root
         # Leftovers of a conversion that was killed (SIGKILL, power loss): nobody else can be

@@ -120,6 +120,8 @@ def test_dense_pass_matches_hugging_face(tiny_weights) -> None:  # noqa: ANN001
     with torch.no_grad():
         theirs = hf_reference_model(tiny_weights).eval()(torch.tensor([ids])).logits[0].float()
     assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-3)
+    last = sequence_logits(tiny_weights.config, tiny_weights.state_dict, ids, last_only=True)
+    assert last.shape == (1, ours.shape[1]) and torch.allclose(last[0], ours[-1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["rtn", "awq", "gptq"])

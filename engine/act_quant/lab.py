@@ -230,7 +230,7 @@ def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int,
     eos = set(weights.tokenizer.eos_token_ids)
     sd = fp32_state(weights)  # a GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32
     for _ in range(max_new_tokens):
-        t = int(sequence_logits(weights.config, sd, ids, act)[-1].argmax())
+        t = int(sequence_logits(weights.config, sd, ids, act, last_only=True)[-1].argmax())
         if t in eos:
             break
         out.append(t)

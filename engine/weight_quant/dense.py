@@ -93,13 +93,15 @@ def rope_tables(cfg: ModelConfig, max_len: int) -> tuple[torch.Tensor, torch.Ten
 
 @torch.inference_mode()
 def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[int],
-                    act: ActTransform | None = None) -> torch.Tensor:
-    """Next-token logits [T, vocab] at every position of one sequence (fp32); `act` as in `layer_forward`."""
+                    act: ActTransform | None = None, last_only: bool = False) -> torch.Tensor:
+    """Next-token logits [T, vocab] at every position of one sequence (fp32); `act` as in `layer_forward`.
+    `last_only`: the last position's alone ([1, vocab]), all greedy decoding needs: the LM head (49,152 rows)
+    is a fifth of a short sequence's work."""
     ids = torch.tensor([token_ids])
     cos, sin = rope_tables(cfg, len(token_ids))
     h = embed(sd, ids).float()
     for i in range(cfg.num_layers):
         h = layer_forward(cfg, sd, i, h, cos, sin, act=act)
-    h = _rmsnorm(h[0], sd["model.norm.weight"], cfg.rms_norm_eps)
+    h = _rmsnorm(h[0, -1:] if last_only else h[0], sd["model.norm.weight"], cfg.rms_norm_eps)
     head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])  # tied embeddings
     return (h @ head.T).float()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
+from engine.disk_memo import disk_memo, state_fingerprint
 from engine.engine import LLMEngine
 from engine.kv_compression.lab import first_difference
 from engine.model import release_prepared
@@ -165,7 +166,7 @@ _REFERENCE_TEXTS: StateDictMemo[ReferenceTexts] = StateDictMemo()
 
 def reference_texts(weights: LoadedWeights, device: str = "cpu", dtype: str = "float32") -> ReferenceTexts:
     """The full model's text for calibration and evaluation, generated in one batch (~20 s on a 2-core CPU)
-    the first time for these weights, then remembered."""
+    the first time for these weights, then remembered (in this process, and on disk for CPU weights)."""
     return _REFERENCE_TEXTS.get(weights.state_dict, lambda: _write_reference_texts(weights, device, dtype),
                                 device, dtype)
 
@@ -174,8 +175,14 @@ def _write_reference_texts(weights: LoadedWeights, device: str, dtype: str) -> R
     tok = weights.tokenizer
     questions = [weights.tokenizer.chat_prompt_ids(q) for q in (*CHAT_CALIBRATION, *CHAT_EVAL)]
     openings = [tok.encode(o) for o in PROSE_OPENINGS]
-    out = greedy_answers(weights, questions + openings, max(CHAT_ANSWER_TOKENS, PROSE_CONTINUATION_TOKENS),
-                         device, dtype)
+    prompts, new_tokens = questions + openings, max(CHAT_ANSWER_TOKENS, PROSE_CONTINUATION_TOKENS)
+    generate = lambda: greedy_answers(weights, prompts, new_tokens, device, dtype)  # noqa: E731
+    # The same weights write the same text every time: kept on disk, a restarted app or a second process
+    # reads it instead of generating it again.
+    fingerprint = state_fingerprint(weights.state_dict)
+    out = generate() if fingerprint is None else disk_memo(
+        "reference-texts", {"weights": fingerprint, "prompts": prompts, "max_new_tokens": new_tokens,
+                            "device": device, "dtype": dtype}, generate)
     answers, continuations = out[:len(questions)], out[len(questions):]
     n = len(CHAT_CALIBRATION)
     return ReferenceTexts(

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from kernels.device_gate import DEVICE_GATE  # noqa: E402
-from bench.results_io import write_results_and_out  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -94,7 +94,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gate", default="on,off")  # off last: its failures may leave the device unusable
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench/results/capture_beside_other_sessions_h200.json"))
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default bench/results/capture_beside_other_sessions_<card>.json)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     weights = load_weights("random", seed=0)
@@ -109,7 +110,7 @@ def main() -> None:
               f"eager steps meanwhile {res['eager_steps_meanwhile']}, {res['seconds']:.1f} s", flush=True)
         for e in (res["graph_errors"] + res["eager_errors"])[:2]:
             print("   ", e.strip().splitlines()[-1])
-    write_results_and_out(args.out, {"device": torch.cuda.get_device_name(), "runs": results})
+    write_results_and_out(args.out or default_results_path("capture_beside_other_sessions"), {"device": torch.cuda.get_device_name(), "runs": results})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ removed (in git at 7915361): Q K^T of the next tile issued by hand before this t
 (ignored on sm_90 with 8 warps, a compiler error with 4).
 
 Usage: python3 bench/fa2_variants.py [--lengths 2048,4096,8192] [--rounds 3] [--only NAME,...]
-       [--out bench/results/fa2_variants_h200.json]
+       [--out bench/results/fa2_variants_<card>.json]
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import triton  # noqa: E402
 
 import kernels.prefill_attention_triton as fa  # noqa: E402
 from bench.fa2_gluon import fa3_forward  # noqa: E402
+from bench.results_io import default_results_path  # noqa: E402
 from bench.kernels import HKV, HQ, SCALE, D, bench, clocks_up, make_prefill_inputs, rel  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -62,8 +63,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--rounds", type=int, default=1, help="time every variant this many times, interleaved")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fa2_variants_h200.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/fa2_variants_<card>.json)")
     args = ap.parse_args()
+    args.out = args.out or str(default_results_path("fa2_variants"))
     gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
     clocks_up(seconds=2.0)
     todo = runners()

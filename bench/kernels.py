@@ -1,6 +1,6 @@
 """Benchmark the Triton kernels against their ceilings and torch SDPA (CUDA only).
 
-    python bench/kernels.py [--out bench/results/kernels_h200.json] [--quick]
+    python bench/kernels.py [--out bench/results/kernels_<card>.json] [--quick]
 
 One run: measures device copy bandwidth, checks each kernel against its reference at real shapes
 (bf16 relative error), then times
@@ -10,8 +10,8 @@ One run: measures device copy bandwidth, checks each kernel against its referenc
      for a knob sweep);
   3. kv_store bandwidth.
 (Runs 1-3 also swept tile/split knobs and the autotuner; see bench/NOTES_kernels.md.)
-Prints a table and writes JSON to --out (and a copy to $OUT/kernels_h200.json when $OUT is set and --out is not
-already in it; the JSON's "info" names the GPU that ran).
+Prints a table and writes JSON to --out (default bench/results/kernels_<card>.json, the card that ran: h200, h100;
+and a copy under the same name in $OUT when $OUT is set and --out is not already in it).
 Timing: triton.testing.do_bench medians after warm-up, random data, input sets rotated when one
 set would fit in L2.
 """
@@ -36,6 +36,7 @@ from triton.testing import do_bench  # noqa: E402
 
 import kernels.paged_attention_triton as pa  # noqa: E402
 import kernels.prefill_attention_triton as fa  # noqa: E402
+from bench.results_io import default_results_path  # noqa: E402
 from kernels.kv_store_ref import store_kv_ref  # noqa: E402
 from kernels.kv_store_triton import store_kv_triton  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
@@ -383,7 +384,7 @@ def kv_store_bench(gen) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "kernels_h200.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/kernels_<card>.json)")
     ap.add_argument("--quick", action="store_true", help="fewer sizes (smoke run)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench/kernels.py needs CUDA"
@@ -454,9 +455,9 @@ def main() -> None:
         for k, v in corr.items())]
     table = "\n".join(lines)
     result["table"] = table
-    paths = [Path(args.out)]
+    paths = [Path(args.out or default_results_path("kernels", info["gpu"]))]
     if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != paths[0].resolve().parent:
-        paths.append(Path(os.environ["OUT"]) / "kernels_h200.json")
+        paths.append(Path(os.environ["OUT"]) / paths[0].name)
     for path in paths:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:

@@ -1,6 +1,6 @@
 """What a KV cache in fewer bits buys a decode step, when the attention kernel reads those bits (CUDA only).
 
-    python3 bench/kv_quant_decode.py [--out bench/results/kv_quant_decode_h200.json] [--quick]
+    python3 bench/kv_quant_decode.py [--out bench/results/kv_quant_decode_<card>.json] [--quick]
 
 For each batch and context length: the engine's BF16 paged decode kernel (kernels/paged_attention_triton.py),
 the fused low-bit kernel (kernels/paged_decode_quant_triton.py) reading BF16, FP8, INT8 and INT4 pools of the
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.kernels import clocks_up, contiguous_sets, copy_bandwidth, sdpa_variants  # noqa: E402
-from bench.results_io import write_results_and_out  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 from kernels.quant_decode_timing import (BF16_BYTES_PER_TOKEN, QuantDecodeTimings, graph_time_us,  # noqa: E402
                                          rotating_sets, time_quant_decode)
 from kernels.quant_kv_pool import KERNEL_FORMATS  # noqa: E402
@@ -71,7 +71,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/kv_quant_decode_h200.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/kv_quant_decode_<card>.json)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "CUDA only"
@@ -85,7 +85,7 @@ def main() -> None:
             f"{f} {r['formats'][f]['us']:.1f} (err {r['formats'][f]['rel_err']:.1e})" for f in KERNEL_FORMATS),
             flush=True)
     print_table(rows)
-    write_results_and_out(args.out, {
+    write_results_and_out(args.out or default_results_path("kv_quant_decode"), {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": platform.node(),
         "copy": copy, "shape": {"Hq": 9, "Hkv": 3, "D": 64, "page": 16}, "rows": rows})
 

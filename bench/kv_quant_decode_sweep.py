@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.results_io import write_results_and_out  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 from kernels.paged_decode_quant_triton import BLOCK_N, NUM_STAGES, paged_decode_quant_triton  # noqa: E402
 from kernels.quant_decode_timing import D, _format_sets, graph_time_us  # noqa: E402
 from kernels.quant_kv_pool import KERNEL_FORMATS  # noqa: E402
@@ -35,7 +35,7 @@ def _ints(text: str, none_word: str | None = None) -> list[int | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "bench/results/kv_quant_decode_sweep_h200.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/kv_quant_decode_sweep_<card>.json)")
     ap.add_argument("--formats", default=",".join(KERNEL_FORMATS))
     ap.add_argument("--shapes", default="64x2048,64x8192,1x32768", help="BxL,BxL,...")
     ap.add_argument("--block-n", default="64,128,256")
@@ -74,7 +74,7 @@ def main() -> None:
         rows += timed
         del sets
         torch.cuda.empty_cache()
-    write_results_and_out(args.out, {"device": torch.cuda.get_device_name(), "axes": {k: list(v) for k, v in axes.items()},
+    write_results_and_out(args.out or default_results_path("kv_quant_decode_sweep"), {"device": torch.cuda.get_device_name(), "axes": {k: list(v) for k, v in axes.items()},
                                      "rows": rows})
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import re
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.results_io import write_results_and_out  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 from kernels.lora_ref import lora_apply_ref, lora_cost  # noqa: E402
 
 # (K, N, targets stacked in R)
@@ -198,14 +197,9 @@ def sweep(gen) -> list[dict]:
     return rows
 
 
-def device_tag() -> str:
-    name = torch.cuda.get_device_name().lower().replace("nvidia", "")
-    return re.sub(r"[^a-z0-9]+", "_", name).strip("_") or "cuda"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/lora_kernels_<device>.json)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/lora_kernels_<card>.json)")
     ap.add_argument("--quick", action="store_true", help="a few cases only (smoke run)")
     ap.add_argument("--pdl", action="store_true", help="also time the kernels launched with PDL")
     ap.add_argument("--dry-run", action="store_true", help="list the cases and exit (no CUDA needed)")
@@ -230,10 +224,9 @@ def main() -> None:
         a @ a
     torch.cuda.synchronize()
     del a
-    tag = device_tag()
     if args.sweep:
         rows = sweep(gen)
-        write_results_and_out(args.out or ROOT / "bench" / "results" / f"lora_kernels_sweep_{tag}.json",
+        write_results_and_out(args.out or default_results_path("lora_kernels_sweep"),
                               {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows})
         return
     checks = correctness(gen)
@@ -258,7 +251,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "dtype": "bfloat16", "layers": LAYERS, "timing": "CUDA graph of LAYERS calls, mean per call",
               "elapsed_s": elapsed, "checks": checks, "rows": rows}
-    write_results_and_out(args.out or ROOT / "bench" / "results" / f"lora_kernels_{tag}.json", result)
+    write_results_and_out(args.out or default_results_path("lora_kernels"), result)
 
 
 if __name__ == "__main__":

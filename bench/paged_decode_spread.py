@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import kernels.paged_attention_triton as pa  # noqa: E402
 from bench.kernels import (SCALE, bench, clocks_up, contiguous_sets, copy_bandwidth, decode_call_bytes,  # noqa: E402
                            decode_kv_bytes, graph_of, make_decode_set, rotating_sets, sdpa_variants)
+from bench.results_io import default_results_path  # noqa: E402
 
 B = 64
 
@@ -88,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="1024,8192,16384,32768")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "paged_decode_spread.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/paged_decode_spread_<card>.json)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "bench/paged_decode_spread.py needs CUDA"
     if args.repeats < 2:
@@ -102,8 +103,9 @@ def main() -> None:
     text = f"GPU {gpu}  torch {torch.__version__}\n" + table(rows, cp["TBps"])
     result = {"gpu": gpu, "torch": torch.__version__, "copy": cp, "repeats": args.repeats,
               "rows": rows, "table": text, "wall_s": time.time() - t0}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    out = Path(args.out or default_results_path("paged_decode_spread"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
     print(text)
 
 

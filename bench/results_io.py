@@ -3,7 +3,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def device_tag(gpu_name: str | None = None) -> str:
+    """The card a result came from, for its file name: 'h200' for "NVIDIA H200", 'h100' for "NVIDIA H100 80GB
+    HBM3", a slug of the whole name for others ("NVIDIA GeForce RTX 4090": 'geforce_rtx_4090'), 'cpu' without
+    CUDA. The device tool hands out H100s as well as H200s, so no default may assume the card."""
+    if gpu_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+        gpu_name = torch.cuda.get_device_name()
+    words = re.sub(r"(?i)\bnvidia\b", " ", gpu_name).split()
+    if words and re.fullmatch(r"[A-Za-z]+\d+[A-Za-z]*", words[0]):  # a model number first: H100, A100, L40S
+        return words[0].lower()
+    return re.sub(r"[^a-z0-9]+", "_", " ".join(words).lower()).strip("_") or "cuda"
+
+
+def default_results_path(stem: str, gpu_name: str | None = None) -> Path:
+    """bench/results/<stem>_<device tag>.json."""
+    return RESULTS / f"{stem}_{device_tag(gpu_name)}.json"
 
 
 def write_results(path: str | Path, data: dict) -> Path:

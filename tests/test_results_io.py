@@ -1,0 +1,31 @@
+"""bench/results_io.py: a benchmark's default file name says which card ran it (the device tool lends H100s as
+well as H200s), and the JSON lands where it says."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.results_io import RESULTS, default_results_path, device_tag, write_results_and_out
+
+
+@pytest.mark.parametrize("name, tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100_sxm4_80gb"), ("NVIDIA L40S", "l40s"),
+                                       ("NVIDIA GeForce RTX 4090", "geforce_rtx_4090"), ("", "cuda")])
+def test_the_tag_names_the_card(name: str, tag: str) -> None:
+    assert device_tag(name) == tag
+    assert default_results_path("kernels", name) == RESULTS / f"kernels_{tag}.json"
+
+
+def test_without_cuda_the_tag_is_cpu(monkeypatch) -> None:  # noqa: ANN001
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_tag() == "cpu"
+
+
+def test_a_copy_lands_in_out_under_the_same_name(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    write_results_and_out(tmp_path / "results" / "x_h100.json", {"a": 1})
+    assert json.loads((tmp_path / "out" / "x_h100.json").read_text()) == {"a": 1}
+    assert (tmp_path / "results" / "x_h100.json").is_file()

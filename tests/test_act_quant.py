@@ -12,8 +12,8 @@ from hypothesis.extra.numpy import arrays
 
 from engine.act_quant.formats import (FORMATS, FP4_VALUES, FP8_MAX, fake_fp4, fake_quant, mxfp4_scales,
                                       nvfp4_scales, round_e2m1)
-from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, VARIANTS, ActLabSettings, chat_only, channel_max, prepare,
-                                  run_lab, smoothing)
+from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, VARIANTS, ActLabSettings, chat_only, channel_max, dense_greedy,
+                                  prepare, run_lab, smoothing)
 from engine.act_quant.smoothquant import smooth, smooth_scales
 from engine.weight_quant.dense import LINEAR_INPUTS, sequence_logits, weight_key
 from engine.weight_quant.lab import (activation_profile, build_eval_set, calibration_windows, fp32_state,
@@ -184,6 +184,29 @@ def test_the_lab_on_the_tiny_model(tiny_run, tiny_weights) -> None:  # noqa: ANN
     texts = reference_texts(tiny_weights)
     chat = chat_only(build_eval_set(tiny_weights, [(list(q), list(a)) for q, a in texts.chat_eval[:EVAL_CHAT]]))
     assert {t.domain for t in chat.texts} == {"chat"}
+
+
+def test_the_answer_with_a_kv_cache_is_the_answer_rerunning_the_sequence(tiny_weights) -> None:  # noqa: ANN001
+    """Each variant answers through a KV cache unless its activation scale comes from the whole sequence (NVFP4's
+    per-tensor scale here): then the cache would hold the earlier tokens quantized with a shorter sequence's scale,
+    so it reruns the sequence. Where the cache is used, it writes what the rerun writes (on this small model; on
+    the real one an INT8 step tipped by float rounding can part long answers, as between two engines)."""
+    texts = reference_texts(tiny_weights)
+    act_max = channel_max(tiny_weights, calibration_windows(tiny_weights, "chat", 128, texts))
+    scales = smoothing(tiny_weights, act_max, 0.5)
+    prompt = tiny_weights.tokenizer.chat_prompt_ids("Why is the sky blue?")
+    assert {k for k, v in VARIANTS.items() if not v.tokens_quantized_alone} == {"nvfp4", "nvfp4-sq"}
+    assert dense_greedy(tiny_weights, prompt, 10) == dense_greedy(tiny_weights, prompt, 10, whole_sequence=True)
+    for variant in VARIANTS.values():
+        run = prepare(tiny_weights, variant, act_max, scales)
+        if variant.tokens_quantized_alone:
+            assert (dense_greedy(run.weights, prompt, 10, run.act)
+                    == dense_greedy(run.weights, prompt, 10, run.act, whole_sequence=True)), variant.key
+    # Why NVFP4 reruns: one token's row quantized alone is not that row quantized within the sequence.
+    x = torch.randn(12, 64, generator=torch.Generator().manual_seed(0))
+    x[3] *= 40
+    assert not torch.equal(fake_quant(x[:1], "nvfp4"), fake_quant(x, "nvfp4")[:1])
+    assert torch.equal(fake_quant(x[:1], "mxfp4"), fake_quant(x, "mxfp4")[:1])
 
 
 @pytest.mark.parametrize("bad, message", [

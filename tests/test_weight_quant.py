@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.weight_quant.awq import awq_quantize
-from engine.weight_quant.dense import sequence_logits
+from engine.weight_quant.dense import (LayerKV, cached_greedy, embed, final_logits, layer_forward, rope_tables,
+                                       sequence_logits)
 from engine.weight_quant.grid import Grid, group_params, round_to_nearest
 from engine.weight_quant.gptq import gptq_quantize, hessian
 from engine.weight_quant.lab import (LabSettings, ReferenceTexts, build_eval_set, calibration_windows,
@@ -122,6 +123,38 @@ def test_dense_pass_matches_hugging_face(tiny_weights) -> None:  # noqa: ANN001
     assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-3)
     last = sequence_logits(tiny_weights.config, tiny_weights.state_dict, ids, last_only=True)
     assert last.shape == (1, ours.shape[1]) and torch.allclose(last[0], ours[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_with_the_dense_kv_cache_matches_rerunning_the_sequence(tiny_weights) -> None:  # noqa: ANN001
+    """The prompt once, then a token per pass through each layer's cache: every step's logits are those of the
+    whole sequence run again, and so is the greedy answer."""
+    cfg, sd = tiny_weights.config, tiny_weights.state_dict
+    prompt = tiny_weights.tokenizer.encode("The lighthouse keeper climbed the stairs at dusk.")
+    cos, sin = rope_tables(cfg, len(prompt) + 8)
+    pasts = [LayerKV() for _ in range(cfg.num_layers)]
+    seq, new = list(prompt), prompt
+    for _ in range(8):
+        h = embed(sd, torch.tensor([new])).float()
+        for i in range(cfg.num_layers):
+            h = layer_forward(cfg, sd, i, h, cos, sin, past=pasts[i])
+        step = final_logits(cfg, sd, h[0, -1:])[0]
+        assert torch.allclose(step, sequence_logits(cfg, sd, seq)[-1], atol=1e-4, rtol=1e-4)
+        new = [int(step.argmax())]
+        seq.append(new[0])
+    assert pasts[0].tokens == len(seq) - 1
+    with pytest.raises(ValueError, match="one token at a time"):
+        layer_forward(cfg, sd, 0, embed(sd, torch.tensor([[1, 2]])).float(), cos, sin, past=pasts[0])
+    eos = set(tiny_weights.tokenizer.eos_token_ids)
+    for text in ("Why is the sky blue?", "def add(a, b):", "Once upon a time"):
+        ids = tiny_weights.tokenizer.encode(text)
+        rerun, expected = list(ids), []
+        for _ in range(12):
+            t = int(sequence_logits(cfg, sd, rerun)[-1].argmax())
+            if t in eos:
+                break
+            expected.append(t)
+            rerun.append(t)
+        assert cached_greedy(cfg, sd, ids, 12, eos) == expected
 
 
 @pytest.mark.parametrize("method", ["rtn", "awq", "gptq"])

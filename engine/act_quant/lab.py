@@ -26,7 +26,7 @@ import torch
 from engine.act_quant.formats import FORMATS, FormatName, Granularity, fake_quant
 from engine.act_quant.smoothquant import smooth_scales
 from engine.kv_compression.lab import first_difference
-from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, embed, layer_forward, rope_tables,
+from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, cached_greedy, embed, layer_forward, rope_tables,
                                        sequence_logits, weight_key)
 from engine.weight_quant.lab import (DomainScore, EvalSet, activation_profile, build_eval_set, calibration_windows,
                                      check_run_inputs, fp32_state, reference_texts, score)
@@ -65,6 +65,15 @@ class Variant:
     @property
     def bits_per_activation(self) -> float:
         return FULL_BITS if self.act_format is None else FORMATS[self.act_format].bits
+
+    @property
+    def tokens_quantized_alone(self) -> bool:
+        """Each token's activations are quantized without looking at the others' (static or per-token scales, FP4
+        block scales along the features), so decoding with a KV cache computes what rerunning the whole sequence
+        would (up to the float rounding of matmuls of another shape, which a rounding step can tip: long answers
+        of the real model may part a few tokens on, as they would between two engines). Not NVFP4: its
+        per-tensor scale is taken over the whole sequence's activations here."""
+        return self.act_format != "nvfp4"
 
     @property
     def short(self) -> str:
@@ -222,13 +231,17 @@ def prepare(weights: LoadedWeights, variant: Variant, act_max: dict[Key, np.ndar
 
 
 @torch.inference_mode()
-def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int,
-                 act: ActTransform | None = None) -> list[int]:
-    """The greedy answer through the dense pass, one token at a time (no KV cache: each step runs the whole
-    sequence again, which at a few dozen tokens is cheaper than building an engine that could fake-quantize)."""
-    ids, out = list(prompt), []
+def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int, act: ActTransform | None = None,
+                 whole_sequence: bool = False) -> list[int]:
+    """The greedy answer through the dense pass (a few dozen tokens: cheaper than an engine that could
+    fake-quantize), with a KV cache. `whole_sequence`: no cache, each step runs the whole sequence again, for an
+    `act` whose scale comes from the whole sequence (`Variant.tokens_quantized_alone` False): a cache would keep
+    the earlier tokens quantized with a shorter sequence's scale."""
     eos = set(weights.tokenizer.eos_token_ids)
     sd = fp32_state(weights)  # a GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32
+    if not whole_sequence:
+        return cached_greedy(weights.config, sd, list(prompt), max_new_tokens, eos, act)
+    ids, out = list(prompt), []
     for _ in range(max_new_tokens):
         t = int(sequence_logits(weights.config, sd, ids, act, last_only=True)[-1].argmax())
         if t in eos:
@@ -321,7 +334,8 @@ def run_lab(weights: LoadedWeights, settings: ActLabSettings, progress: Progress
         say(f"{v.label}: quantizing, scoring and answering", n / steps)
         t = time.perf_counter()
         run = prepare(weights, v, amax, scales)
-        answer = tuple(dense_greedy(run.weights, prompt, settings.max_new_tokens, run.act))
+        answer = tuple(dense_greedy(run.weights, prompt, settings.max_new_tokens, run.act,
+                                    whole_sequence=not run.variant.tokens_quantized_alone))
         variants.append(VariantOutcome(v, v.label, v.bits_per_weight, v.bits_per_activation,
                                        score(run.weights, eval_set, run.act), answer, decode(list(answer)),
                                        first_difference(answer, full_answer), time.perf_counter() - t))

@@ -10,6 +10,7 @@ checks them against Hugging Face's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,12 +43,29 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rmsnorm_ref(x, w, eps)[0]  # the engine's own reference RMSNorm
 
 
+@dataclass(slots=True)
+class LayerKV:
+    """One layer's keys and values so far ([B, tokens, kv heads, head dim], after RoPE), for decoding a token at
+    a time (`past` of `layer_forward`). Empty until the prompt has run."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+
 def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, hook: InputHook | None = None,
-                  act: ActTransform | None = None) -> torch.Tensor:
+                  act: ActTransform | None = None, past: LayerKV | None = None) -> torch.Tensor:
     """One decoder layer on h [B, T, hidden] (B sequences of T tokens, each causal from position 0). `hook` sees
-    each linear input as computed; `act` may replace it before the matmuls (after the hook)."""
+    each linear input as computed; `act` may replace it before the matmuls (after the hook). `past`: the layer's
+    cache, read and extended; h is then the tokens after it (all of a prompt while it is empty, one after)."""
     B, T, _ = h.shape
+    start = 0 if past is None else past.tokens
+    if start and T != 1:
+        raise ValueError("after the prompt, decode one token at a time")
     p = f"model.layers.{layer}."
     W = lambda linear: sd[weight_key(layer, linear)]  # noqa: E731
     x = _rmsnorm(h, sd[p + "input_layernorm.weight"], cfg.rms_norm_eps).reshape(B * T, -1)
@@ -59,11 +77,16 @@ def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: 
     q = (x @ W("self_attn.q_proj").T).reshape(B * T, hq, d)
     k = (x @ W("self_attn.k_proj").T).reshape(B * T, hk, d)
     v = (x @ W("self_attn.v_proj").T).reshape(B, T, hk, d)
-    c, s = cos[:T].repeat(B, 1), sin[:T].repeat(B, 1)
+    c, s = cos[start:start + T].repeat(B, 1), sin[start:start + T].repeat(B, 1)
     q = apply_rope(q, c, s).reshape(B, T, hq, d)
     k = apply_rope(k, c, s).reshape(B, T, hk, d)
+    if past is not None:
+        if start:
+            k, v = torch.cat([past.k, k], dim=1), torch.cat([past.v, v], dim=1)
+        past.k, past.v = k, v
+    # One new token sees every cached one: no mask then.
     attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                          is_causal=True, enable_gqa=True, scale=d ** -0.5)
+                                          is_causal=start == 0, enable_gqa=True, scale=d ** -0.5)
     a = attn.transpose(1, 2).reshape(B * T, hq * d)
     if hook:
         hook("o", a)
@@ -102,6 +125,33 @@ def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: li
     h = embed(sd, ids).float()
     for i in range(cfg.num_layers):
         h = layer_forward(cfg, sd, i, h, cos, sin, act=act)
-    h = _rmsnorm(h[0, -1:] if last_only else h[0], sd["model.norm.weight"], cfg.rms_norm_eps)
+    return final_logits(cfg, sd, h[0, -1:] if last_only else h[0])
+
+
+def final_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """The last hidden states [T, hidden] through the final norm and the LM head: logits [T, vocab], fp32."""
+    h = _rmsnorm(h, sd["model.norm.weight"], cfg.rms_norm_eps)
     head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])  # tied embeddings
     return (h @ head.T).float()
+
+
+@torch.inference_mode()
+def cached_greedy(cfg: ModelConfig, sd: dict[str, torch.Tensor], prompt: list[int], max_new_tokens: int,
+                  eos: set[int], act: ActTransform | None = None) -> list[int]:
+    """The greedy answer with a KV cache per layer: the prompt in one pass, then one token per pass, stopping
+    before an end-of-turn token. The same logits as running the whole sequence each step (`sequence_logits`, to
+    float rounding) whenever `act` treats each token's input on its own (no statistic taken over the sequence),
+    and ~20x less work for a few dozen tokens."""
+    cos, sin = rope_tables(cfg, len(prompt) + max_new_tokens)
+    pasts = [LayerKV() for _ in range(cfg.num_layers)]
+    ids, out = torch.tensor([prompt]), []
+    for _ in range(max_new_tokens):
+        h = embed(sd, ids).float()
+        for i in range(cfg.num_layers):
+            h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=pasts[i])
+        t = int(final_logits(cfg, sd, h[0, -1:])[-1].argmax())
+        if t in eos:
+            break
+        out.append(t)
+        ids = torch.tensor([[t]])
+    return out

@@ -7,7 +7,9 @@ batching removes. Prints a table and writes JSON.
 On CUDA both systems first run the whole workload once untimed: the engine's first pass compiles
 Triton kernels for new shapes and captures graphs (about a second in all), HF's warms cuBLAS and
 its caching allocator; then three timed passes, the steady state a server runs in, of which the
-median is reported (the GPU machine's host speed varies from run to run).
+median is reported (the GPU machine's host speed varies from run to run). Before each pass a fixed piece of
+Python work is timed (bench/host_probe.py): the table's "host µs" column and each row's `host_probe_ms` say how
+fast the host was, so a host-bound row that reads slow can be told from a slower engine.
 
     python bench/throughput.py --concurrency 16,8,4              # CPU, real model, 16 requests
     python bench/throughput.py --device cuda --weights random --num-requests 256 --batch1
@@ -30,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.host_probe import host_probe_ms  # noqa: E402
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -97,12 +100,21 @@ def run_workload(engine: LLMEngine, reqs: list[BenchRequest], on_step=None) -> t
 def run_engine(weights, reqs: list[BenchRequest], args, cuda_graphs: bool, label: str,
                max_seqs: int | None = None, overlap: bool = False) -> dict:
     engine = bench_engine(weights, reqs, args, cuda_graphs, max_seqs, overlap)
-    passes = [run_workload(engine, reqs) for _ in range(_passes(args.device))]
+    probes, passes = [], []
+    for _ in range(_passes(args.device)):
+        probes.append(host_probe_ms())
+        passes.append(run_workload(engine, reqs))
     times = _timed([secs for secs, _ in passes])
     secs = statistics.median(times)
     useful = sum(r.max_tokens for r in reqs)
     return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=passes[-1][1],
-                pass_seconds=times)
+                pass_seconds=times, **_probe_fields(probes))
+
+
+def _probe_fields(probes: list[float]) -> dict:
+    """The host's speed beside the timed passes (bench/host_probe.py; taken just before each pass)."""
+    timed = _timed(probes)
+    return dict(host_probe_ms=statistics.median(timed), host_probe_pass_ms=timed)
 
 
 def _dummy_decode(engine: LLMEngine, n: int):
@@ -118,8 +130,9 @@ def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str)
     with torch.no_grad():
         warm = torch.tensor([list(reqs[0].prompt_ids[:8])], device=args.device)
         model.generate(warm, max_new_tokens=2, do_sample=False, pad_token_id=pad)
-        times = []
+        times, probes = [], []
         for _ in range(_passes(args.device)):
+            probes.append(host_probe_ms())
             _sync(args.device)
             t0 = time.perf_counter()
             _hf_pass(model, reqs, args, batch_size, pad)
@@ -129,7 +142,7 @@ def run_hf(weights, reqs: list[BenchRequest], args, batch_size: int, label: str)
     secs = statistics.median(times)
     useful = sum(r.max_tokens for r in reqs)
     return dict(system=label, seconds=secs, output_tokens=useful, tok_per_s=useful / secs, steps=None,
-                pass_seconds=times)
+                pass_seconds=times, **_probe_fields(probes))
 
 
 def _hf_pass(model, reqs: list[BenchRequest], args, batch_size: int, pad: int) -> None:
@@ -230,12 +243,13 @@ def main() -> None:
     base = {r["workload"]: r["tok_per_s"] for r in rows if r["system"].startswith("HF")}
     print(f"\nHF attention: {args.hf_attn}; device={args.device} ({torch.cuda.get_device_name() if cuda else platform.processor() or 'cpu'}) "
           f"weights={args.weights} dtype={args.dtype} torch={torch.__version__}")
-    print(f"{'workload':<22} {'system':<44} {'tokens':>7} {'seconds':>8} {'tok/s':>9} {'vs HF':>6}")
+    # "host µs": bench/host_probe.py beside the passes; a host-bound row slows as it grows.
+    print(f"{'workload':<22} {'system':<44} {'tokens':>7} {'seconds':>8} {'tok/s':>9} {'vs HF':>6} {'host µs':>8}")
     for r in rows:
         ratio = r["tok_per_s"] / base[r["workload"]] if r["workload"] in base else float("nan")
         r["speedup_vs_hf"] = ratio
         print(f"{r['workload']:<22} {r['system']:<44} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
-              f"{r['tok_per_s']:>9.1f} {ratio:>6.2f}")
+              f"{r['tok_per_s']:>9.1f} {ratio:>6.2f} {r['host_probe_ms'] * 1e3:>8.0f}")
     out = Path(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(device=args.device, weights=args.weights, dtype=args.dtype, hf_attn=args.hf_attn,

@@ -14,7 +14,6 @@ Usage: python3 bench/fa2_variants.py [--lengths 2048,4096,8192] [--rounds 3] [--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import triton  # noqa: E402
 
 import kernels.prefill_attention_triton as fa  # noqa: E402
 from bench.fa2_gluon import fa3_forward  # noqa: E402
-from bench.results_io import default_results_path  # noqa: E402
+from bench.results_io import default_results_path, write_results  # noqa: E402
 from bench.kernels import HKV, HQ, SCALE, D, bench, clocks_up, make_prefill_inputs, rel  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -113,9 +112,8 @@ def main() -> None:
             print(f"   {n:<22} {med[n]:.4f} ms {row['tflops'][n]:6.1f} TF/s  {row['x_sdpa'][n]:.3f}x SDPA", flush=True)
         del q, k, v, qs, ks, vs, out, fns
         torch.cuda.empty_cache()
-    Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
-                                          "rounds": args.rounds, "checks": checks, "rows": rows}, indent=1))
-    print("wrote", args.out)
+    write_results(args.out, {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
+                             "rounds": args.rounds, "checks": checks, "rows": rows})
 
 
 if __name__ == "__main__":

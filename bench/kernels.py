@@ -36,7 +36,7 @@ from triton.testing import do_bench  # noqa: E402
 
 import kernels.paged_attention_triton as pa  # noqa: E402
 import kernels.prefill_attention_triton as fa  # noqa: E402
-from bench.results_io import default_results_path  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 from kernels.kv_store_ref import store_kv_ref  # noqa: E402
 from kernels.kv_store_triton import store_kv_triton  # noqa: E402
 from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
@@ -455,13 +455,7 @@ def main() -> None:
         for k, v in corr.items())]
     table = "\n".join(lines)
     result["table"] = table
-    paths = [Path(args.out or default_results_path("kernels", info["gpu"]))]
-    if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != paths[0].resolve().parent:
-        paths.append(Path(os.environ["OUT"]) / paths[0].name)
-    for path in paths:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+    write_results_and_out(args.out or default_results_path("kernels", info["gpu"]), result)
     print(table)
 
 

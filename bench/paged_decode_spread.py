@@ -13,7 +13,6 @@ medians and ranges and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ import torch  # noqa: E402
 import kernels.paged_attention_triton as pa  # noqa: E402
 from bench.kernels import (SCALE, bench, clocks_up, contiguous_sets, copy_bandwidth, decode_call_bytes,  # noqa: E402
                            decode_kv_bytes, graph_of, make_decode_set, rotating_sets, sdpa_variants)
-from bench.results_io import default_results_path  # noqa: E402
+from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 
 B = 64
 
@@ -103,9 +102,7 @@ def main() -> None:
     text = f"GPU {gpu}  torch {torch.__version__}\n" + table(rows, cp["TBps"])
     result = {"gpu": gpu, "torch": torch.__version__, "copy": cp, "repeats": args.repeats,
               "rows": rows, "table": text, "wall_s": time.time() - t0}
-    out = Path(args.out or default_results_path("paged_decode_spread"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
+    write_results_and_out(args.out or default_results_path("paged_decode_spread"), result)
     print(text)
 
 

@@ -31,18 +31,19 @@ def default_results_path(stem: str, gpu_name: str | None = None) -> Path:
 
 
 def write_results(path: str | Path, data: dict) -> Path:
-    """Write `data` as indented JSON (parent folders created) and say where."""
+    """Write `data` as indented JSON (parent folders created) and say where. What JSON has no type for (a
+    torch dtype, a launch plan) is written as its str."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
+    out.write_text(json.dumps(data, indent=1, default=str))
     print(f"wrote {out}")
     return out
 
 
 def write_results_and_out(path: str | Path, data: dict) -> Path:
     """`write_results`, and a copy under the same name in $OUT when it is set (the device tool brings back what a
-    run leaves there)."""
+    run leaves there) and `path` is not in $OUT already."""
     out = write_results(path, data)
-    if os.environ.get("OUT"):
-        write_results(Path(os.environ["OUT"]) / Path(path).name, data)
+    if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != out.resolve().parent:
+        write_results(Path(os.environ["OUT"]) / out.name, data)
     return out

@@ -21,7 +21,6 @@ overlapped decode (the host schedules step k + 1 while the GPU computes step k: 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -33,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.host_probe import host_probe_ms  # noqa: E402
+from bench.results_io import write_results  # noqa: E402
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -250,11 +250,9 @@ def main() -> None:
         r["speedup_vs_hf"] = ratio
         print(f"{r['workload']:<22} {r['system']:<44} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
               f"{r['tok_per_s']:>9.1f} {ratio:>6.2f} {r['host_probe_ms'] * 1e3:>8.0f}")
-    out = Path(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(device=args.device, weights=args.weights, dtype=args.dtype, hf_attn=args.hf_attn,
-                                   torch=torch.__version__, rows=rows), indent=2))
-    print(f"wrote {out}")
+    write_results(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json",
+                  dict(device=args.device, weights=args.weights, dtype=args.dtype, hf_attn=args.hf_attn,
+                       torch=torch.__version__, rows=rows))
 
 
 if __name__ == "__main__":

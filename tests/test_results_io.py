@@ -29,3 +29,12 @@ def test_a_copy_lands_in_out_under_the_same_name(tmp_path, monkeypatch) -> None:
     write_results_and_out(tmp_path / "results" / "x_h100.json", {"a": 1})
     assert json.loads((tmp_path / "out" / "x_h100.json").read_text()) == {"a": 1}
     assert (tmp_path / "results" / "x_h100.json").is_file()
+
+
+def test_a_path_already_in_out_is_written_once_and_odd_types_as_text(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import torch
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    write_results_and_out(tmp_path / "k.json", {"dtype": torch.bfloat16})
+    assert [p.name for p in tmp_path.iterdir()] == ["k.json"]
+    assert json.loads((tmp_path / "k.json").read_text()) == {"dtype": "torch.bfloat16"}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.weight_quant.awq import awq_quantize
-from engine.weight_quant.dense import (LayerKV, cached_greedy, embed, final_logits, layer_forward, rope_tables,
+from engine.weight_quant.dense import (LayerKV, embed, final_logits, greedy_answer, layer_forward, rope_tables,
                                        sequence_logits)
 from engine.weight_quant.grid import Grid, group_params, round_to_nearest
 from engine.weight_quant.gptq import gptq_quantize, hessian
@@ -154,7 +154,8 @@ def test_decoding_with_the_dense_kv_cache_matches_rerunning_the_sequence(tiny_we
                 break
             expected.append(t)
             rerun.append(t)
-        assert cached_greedy(cfg, sd, ids, 12, eos) == expected
+        assert greedy_answer(cfg, sd, ids, 12, eos) == expected
+        assert greedy_answer(cfg, sd, ids, 12, eos, whole_sequence=True) == expected
 
 
 @pytest.mark.parametrize("method", ["rtn", "awq", "gptq"])

@@ -26,8 +26,8 @@ import torch
 from engine.act_quant.formats import FORMATS, FormatName, Granularity, fake_quant
 from engine.act_quant.smoothquant import smooth_scales
 from engine.kv_compression.lab import first_difference
-from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, cached_greedy, embed, layer_forward, rope_tables,
-                                       sequence_logits, weight_key)
+from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, embed, greedy_answer, layer_forward, rope_tables,
+                                       weight_key)
 from engine.weight_quant.lab import (DomainScore, EvalSet, activation_profile, build_eval_set, calibration_windows,
                                      check_run_inputs, fp32_state, reference_texts, score)
 from engine.weight_quant.texts import WINDOW
@@ -230,25 +230,15 @@ def prepare(weights: LoadedWeights, variant: Variant, act_max: dict[Key, np.ndar
                                                weights.tokenizer), activation_transform(variant, s, act_max))
 
 
-@torch.inference_mode()
 def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int, act: ActTransform | None = None,
                  whole_sequence: bool = False) -> list[int]:
     """The greedy answer through the dense pass (a few dozen tokens: cheaper than an engine that could
     fake-quantize), with a KV cache. `whole_sequence`: no cache, each step runs the whole sequence again, for an
     `act` whose scale comes from the whole sequence (`Variant.tokens_quantized_alone` False): a cache would keep
     the earlier tokens quantized with a shorter sequence's scale."""
-    eos = set(weights.tokenizer.eos_token_ids)
-    sd = fp32_state(weights)  # a GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32
-    if not whole_sequence:
-        return cached_greedy(weights.config, sd, list(prompt), max_new_tokens, eos, act)
-    ids, out = list(prompt), []
-    for _ in range(max_new_tokens):
-        t = int(sequence_logits(weights.config, sd, ids, act, last_only=True)[-1].argmax())
-        if t in eos:
-            break
-        out.append(t)
-        ids.append(t)
-    return out
+    # A GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32.
+    return greedy_answer(weights.config, fp32_state(weights), list(prompt), max_new_tokens,
+                         set(weights.tokenizer.eos_token_ids), act, whole_sequence)
 
 
 # ----------------------------------------------------------------------------------------- the whole run

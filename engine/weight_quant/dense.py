@@ -136,22 +136,28 @@ def final_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], h: torch.Tensor)
 
 
 @torch.inference_mode()
-def cached_greedy(cfg: ModelConfig, sd: dict[str, torch.Tensor], prompt: list[int], max_new_tokens: int,
-                  eos: set[int], act: ActTransform | None = None) -> list[int]:
-    """The greedy answer with a KV cache per layer: the prompt in one pass, then one token per pass, stopping
-    before an end-of-turn token. The same logits as running the whole sequence each step (`sequence_logits`, to
-    float rounding) whenever `act` treats each token's input on its own (no statistic taken over the sequence),
-    and ~20x less work for a few dozen tokens."""
+def greedy_answer(cfg: ModelConfig, sd: dict[str, torch.Tensor], prompt: list[int], max_new_tokens: int,
+                  eos: set[int], act: ActTransform | None = None, whole_sequence: bool = False) -> list[int]:
+    """The greedy answer, stopping before an end-of-turn token. With a KV cache per layer (the prompt in one
+    pass, then one token per pass): the same logits as running the whole sequence each step, to float rounding,
+    whenever `act` treats each token's input on its own, and ~20x less work for a few dozen tokens.
+    `whole_sequence`: no cache, the whole sequence again each step (`sequence_logits`), for an `act` that takes
+    a statistic over the sequence."""
     cos, sin = rope_tables(cfg, len(prompt) + max_new_tokens)
     pasts = [LayerKV() for _ in range(cfg.num_layers)]
-    ids, out = torch.tensor([prompt]), []
+    seq, new, out = list(prompt), list(prompt), []
     for _ in range(max_new_tokens):
-        h = embed(sd, ids).float()
-        for i in range(cfg.num_layers):
-            h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=pasts[i])
-        t = int(final_logits(cfg, sd, h[0, -1:])[-1].argmax())
+        if whole_sequence:
+            logits = sequence_logits(cfg, sd, seq, act, last_only=True)
+        else:
+            h = embed(sd, torch.tensor([new])).float()
+            for i in range(cfg.num_layers):
+                h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=pasts[i])
+            logits = final_logits(cfg, sd, h[0, -1:])
+        t = int(logits[-1].argmax())
         if t in eos:
             break
         out.append(t)
-        ids = torch.tensor([[t]])
+        seq.append(t)
+        new = [t]
     return out

@@ -35,7 +35,7 @@ def test_a_value_is_built_once_and_read_back(cache) -> None:  # noqa: ANN001
     assert disk_memo("t", {"a": 1}, build) == [[1, 2], [3]]
     assert len(calls) == 1
     assert entry_path("t", {"a": 1}).parent == memo_dir() and memo_dir().is_relative_to(cache)
-    # Another key (or a tuple where a list was: the key is compared as JSON) is another entry.
+    # Another key is another entry; a tuple and a list are the same key (keys are compared as JSON).
     assert disk_memo("t", {"a": 2}, build) == [[1, 2], [3]] and len(calls) == 2
     assert disk_memo("t", {"a": (1,)}, build) and disk_memo("t", {"a": [1]}, build) and len(calls) == 3
 

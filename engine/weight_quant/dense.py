@@ -120,12 +120,19 @@ def sequence_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: li
     """Next-token logits [T, vocab] at every position of one sequence (fp32); `act` as in `layer_forward`.
     `last_only`: the last position's alone ([1, vocab]), all greedy decoding needs: the LM head (49,152 rows)
     is a fifth of a short sequence's work."""
-    ids = torch.tensor([token_ids])
     cos, sin = rope_tables(cfg, len(token_ids))
-    h = embed(sd, ids).float()
+    h = _last_hidden(cfg, sd, token_ids, cos, sin, act)
+    return final_logits(cfg, sd, h[-1:] if last_only else h)
+
+
+def _last_hidden(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[int], cos: torch.Tensor,
+                 sin: torch.Tensor, act: ActTransform | None, pasts: list[LayerKV] | None = None) -> torch.Tensor:
+    """One sequence's tokens through every layer: the last layer's output [T, hidden]. With `pasts` (one cache
+    per layer), `token_ids` are the tokens after what the caches hold, and the caches are extended."""
+    h = embed(sd, torch.tensor([token_ids])).float()
     for i in range(cfg.num_layers):
-        h = layer_forward(cfg, sd, i, h, cos, sin, act=act)
-    return final_logits(cfg, sd, h[0, -1:] if last_only else h[0])
+        h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=None if pasts is None else pasts[i])
+    return h[0]
 
 
 def final_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
@@ -150,10 +157,7 @@ def greedy_answer(cfg: ModelConfig, sd: dict[str, torch.Tensor], prompt: list[in
         if whole_sequence:
             logits = sequence_logits(cfg, sd, seq, act, last_only=True)
         else:
-            h = embed(sd, torch.tensor([new])).float()
-            for i in range(cfg.num_layers):
-                h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=pasts[i])
-            logits = final_logits(cfg, sd, h[0, -1:])
+            logits = final_logits(cfg, sd, _last_hidden(cfg, sd, new, cos, sin, act, pasts)[-1:])
         t = int(logits[-1].argmax())
         if t in eos:
             break

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_io import device_tag, write_results  # noqa: E402
+from bench.results_io import engine_results_path, write_results  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.constrained import ConstrainedEngine, Constraint, accepts  # noqa: E402
 from engine.constrained.constraint import parses_as_json  # noqa: E402
@@ -247,8 +247,7 @@ def main() -> None:
           "(jump-forward runs)")
 
     device = torch.cuda.get_device_name() if gpu else "cpu"
-    name = f"constrained_decoding_{'cuda_' + device_tag() if gpu else 'cpu'}.json"
-    write_results(args.out or Path(__file__).resolve().parent / "results" / name, {
+    write_results(args.out or engine_results_path("constrained_decoding", gpu), {
         "device": device, "threads": torch.get_num_threads(), "weights": args.weights, "args": vars(args),
         "greedy": rows, "sampled": sampled, "summary": summary,
         "note": ("greedy rows: one request per preset and mode, on one engine per jump-forward setting "

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_io import device_tag, write_results  # noqa: E402
+from bench.results_io import engine_results_path, write_results  # noqa: E402
 from bench.workload import mixed_requests  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.disaggregated import DisaggregatedEngine  # noqa: E402
@@ -127,8 +127,7 @@ def main() -> None:
     print(f"handoffs: {h['count']}, mean {h['mean_MB']:.2f} MB (long prompt {h['long_MB']:.1f} MB), copy "
           f"{h['copy_GBps']:.2f} GB/s, {h['mean_copy_ms']:.3f} ms each, waited {h['mean_wait_ms']:.2f} ms for the "
           f"decode worker; decode worker computed {out['decode_worker_prefill_tokens']} prompt tokens")
-    name = f"disaggregated_{'cuda_' + device_tag() if gpu else 'cpu'}.json"
-    write_results(args.out or Path(__file__).resolve().parent / "results" / name, out)
+    write_results(args.out or engine_results_path("disaggregated", gpu), out)
 
 
 if __name__ == "__main__":

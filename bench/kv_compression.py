@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_io import device_tag, write_results  # noqa: E402
+from bench.results_io import engine_results_path, write_results  # noqa: E402
 from engine.kv_compression import FORMATS, EvictionPolicy, KVLab, LabResult, Variant  # noqa: E402
 from engine.kv_compression.lab import MAX_VARIANTS  # noqa: E402
 from engine.kv_compression.prompts import RETRIEVAL_ANSWER, RETRIEVAL_NOTE  # noqa: E402
@@ -176,8 +176,7 @@ def main() -> None:
     print(f"\ntotal {total:.1f} s")
 
     device = torch.cuda.get_device_name() if gpu else "cpu"
-    name = f"kv_compression_{'cuda_' + device_tag() if gpu else 'cpu'}.json"
-    write_results(args.out or Path(__file__).resolve().parent / "results" / name, {
+    write_results(args.out or engine_results_path("kv_compression", gpu), {
         "device": device, "threads": torch.get_num_threads(), "weights": args.weights, "args": vars(args),
         "reference_format": ref_format, "model": cfg.name,
         "prompts": prompts, "rows": rows, "summary": summary, "total_seconds": round(total, 1),

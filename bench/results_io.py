@@ -30,6 +30,13 @@ def default_results_path(stem: str, gpu_name: str | None = None) -> Path:
     return RESULTS / f"{stem}_{device_tag(gpu_name)}.json"
 
 
+def engine_results_path(stem: str, cuda: bool, tag: str = "") -> Path:
+    """bench/results/<stem>_cuda_<card>[_<tag>].json or <stem>_cpu[_<tag>].json: for benches that run the engine
+    on either device (a CPU run on a GPU machine is still a CPU result, so the flag decides, not the machine)."""
+    where = f"cuda_{device_tag()}" if cuda else "cpu"
+    return RESULTS / f"{stem}_{where}{'_' + tag if tag else ''}.json"
+
+
 def write_results(path: str | Path, data: dict) -> Path:
     """Write `data` as indented JSON (parent folders created) and say where. What JSON has no type for (a
     torch dtype, a launch plan) is written as its str."""

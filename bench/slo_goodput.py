@@ -22,7 +22,7 @@ has the reference measured alongside it, and the repeat says how much two runs o
     OMP_NUM_THREADS=1 PYTHONPATH=. python bench/slo_goodput.py                # CPU shared with other work
     PYTHONPATH=. python bench/slo_goodput.py --workload chat --requests 6 --rates 1,4 \\
         --configs "batch cap 2,batch cap 8" --out /tmp/slo_try.json          # a quick check, ~30 s
-    python bench/slo_goodput.py --device cuda --tag h200                      # GPU: bf16, CUDA graphs
+    python bench/slo_goodput.py --device cuda                                 # GPU: bf16, CUDA graphs
 
 Every number is engine time, so a CPU busy with other work slows every step and every SLO reading with it:
 the JSON keeps the load average before and after, and the share of a CPU per torch thread the run got
@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_io import write_results  # noqa: E402
+from bench.results_io import engine_results_path, write_results  # noqa: E402
 from engine.serving_load import SLO, WORKLOADS, LoadConfig, LoadRun, SweepResult, run_sweep  # noqa: E402
 from engine.serving_load.sweep import MAX_CONFIGS  # noqa: E402
 from engine.weights import load_weights  # noqa: E402
@@ -168,8 +168,8 @@ def main() -> None:
     ap.add_argument("--goal", type=float, default=0.9, help="share of requests that must meet both targets")
     ap.add_argument("--configs", default=None, help=f"comma list of names, a subset of {[c.label for c in CONFIGS]}")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (lengths and arrival gaps)")
-    ap.add_argument("--tag", default=None, help="suffix of the default output name, e.g. h200")
-    ap.add_argument("--out", default=None, help="default: bench/results/slo_goodput_{device}[_{tag}].json")
+    ap.add_argument("--tag", default=None, help="suffix of the default output name, e.g. run1")
+    ap.add_argument("--out", default=None, help="default: bench/results/slo_goodput_{cpu|cuda_<card>}[_{tag}].json")
     args = ap.parse_args()
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -219,8 +219,7 @@ def main() -> None:
           f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    name = f"slo_goodput_{args.device}{'_' + args.tag if args.tag else ''}.json"
-    write_results(args.out or Path(__file__).resolve().parent / "results" / name, {
+    write_results(args.out or engine_results_path("slo_goodput", args.device == "cuda", args.tag or ""), {
         "device": device, "threads": torch.get_num_threads(), "weights": weights_mode, "args": vars(args),
         "server": server, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "goal": slo.goal},
         "rates": sorted(set(rates)), "num_requests": num_requests,

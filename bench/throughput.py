@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.host_probe import host_probe_ms  # noqa: E402
-from bench.results_io import write_results  # noqa: E402
+from bench.results_io import engine_results_path, write_results  # noqa: E402
 from bench.workload import BenchRequest, mixed_requests  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import LLMEngine  # noqa: E402
@@ -250,7 +250,7 @@ def main() -> None:
         r["speedup_vs_hf"] = ratio
         print(f"{r['workload']:<22} {r['system']:<44} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
               f"{r['tok_per_s']:>9.1f} {ratio:>6.2f} {r['host_probe_ms'] * 1e3:>8.0f}")
-    write_results(args.out or f"bench/results/throughput_{'cuda' if cuda else 'cpu'}.json",
+    write_results(args.out or engine_results_path("throughput", cuda),
                   dict(device=args.device, weights=args.weights, dtype=args.dtype, hf_attn=args.hf_attn,
                        torch=torch.__version__, rows=rows))
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.results_io import RESULTS, default_results_path, device_tag, write_results_and_out
+from bench.results_io import RESULTS, default_results_path, device_tag, engine_results_path, write_results_and_out
 
 
 @pytest.mark.parametrize("name, tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
@@ -22,6 +22,17 @@ def test_without_cuda_the_tag_is_cpu(monkeypatch) -> None:  # noqa: ANN001
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device_tag() == "cpu"
+
+
+def test_engine_benches_name_the_device_the_flag_chose(monkeypatch) -> None:  # noqa: ANN001
+    import torch
+
+    # A CPU run on a GPU machine is a CPU result; a CUDA run names its card.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    assert engine_results_path("throughput", cuda=False) == RESULTS / "throughput_cpu.json"
+    assert engine_results_path("throughput", cuda=True) == RESULTS / "throughput_cuda_h100.json"
+    assert engine_results_path("slo_goodput", cuda=True, tag="run1") == RESULTS / "slo_goodput_cuda_h100_run1.json"
 
 
 def test_a_copy_lands_in_out_under_the_same_name(tmp_path, monkeypatch) -> None:  # noqa: ANN001

@@ -100,19 +100,30 @@ def long_context(cfg: ModelConfig, contexts: list[int], batch: int, dtype: str) 
     nbytes = DTYPE_BYTES[dtype]
     labels = [f"{c // 1024}k tokens" for c in contexts]
     fig = go.Figure()
+    lowest, highest = float("inf"), 0.0
     for v in attention_variants(cfg):
         vals = [variant_bytes_per_token(cfg, v, nbytes) * c * batch / GIB for c in contexts]
-        fig.add_bar(x=labels, y=vals, name=f"{v.name} ({v.short})", marker_color=VARIANT_COLORS[v.name],
+        lowest, highest = min(lowest, *vals), max(highest, *vals)
+        # Short legend names: with "(9 KV heads)" each took a line of the legend and squeezed the plot; the
+        # chart beside this one names what each variant caches.
+        fig.add_bar(x=labels, y=vals, name=v.name, marker_color=VARIANT_COLORS[v.name],
                     text=[f"{x:,.1f}" if x >= 1 else f"{x:.2f}" for x in vals], textposition="outside",
-                    hovertemplate="%{x}, batch " + str(batch) + ": %{y:.2f} GiB<extra>%{fullData.name}</extra>")
+                    textfont_size=10, cliponaxis=False, customdata=[v.short] * len(vals),
+                    hovertemplate="%{x}, batch " + str(batch) + ": %{y:.2f} GiB<extra>%{fullData.name} "
+                                  "(%{customdata})</extra>")
     w = weights_bytes(cfg, nbytes) / GIB
-    # A line across the categories, named in the legend (an annotation would sit on the bars).
-    fig.add_scatter(x=[labels[0], labels[-1]], y=[w, w], mode="lines", name=f"all weights ({w:.2f} GiB)",
-                    line=dict(color=MUTED, dash="dot", width=2), hoverinfo="skip")
+    # A line across the categories, named in the subtitle: an annotation would sit on the bars, and as a fifth
+    # legend entry (a line among bars) it made Plotly stack the legend one entry per row in a half-width column.
+    fig.add_scatter(x=[labels[0], labels[-1]], y=[w, w], mode="lines", name="all weights", showlegend=False,
+                    line=dict(color=MUTED, dash="dot", width=2),
+                    hovertemplate=f"all weights: {w:.2f} GiB<extra></extra>")
     fig.update_xaxes(range=[-0.5, len(labels) - 0.5])
-    fig.update_layout(title=f"KV cache for a batch of {batch} at {dtype}", yaxis_title="GiB (log scale)",
-                      barmode="group", yaxis_type="log")
-    fig.update_yaxes(dtick=1, exponentformat="none", tickformat=",~g")  # ticks at powers of ten only
+    fig.update_layout(title=dict(text=f"KV cache for a batch of {batch} at {dtype}",
+                                 subtitle_text=f"dotted: all the model's weights, {w:.2f} GiB"),
+                      yaxis_title="GiB (log scale)", barmode="group", yaxis_type="log")
+    # The range in decades, with room under the weights line and above the tallest bar for its label.
+    bottom, top = np.log10(min(lowest, w) / 2), np.log10(highest * 4)
+    fig.update_yaxes(dtick=1, exponentformat="none", tickformat=",~g", range=[bottom, top])  # ticks at powers of ten
     return fig
 
 

@@ -90,7 +90,7 @@ def variants_section(cfg: ModelConfig) -> None:
         c = st.columns(2)
         batch = c[0].select_slider("Batch (concurrent sequences)", [1, 8, 32, 128], value=8, key="kv-batch")
         dtype = c[1].radio("KV dtype", ["fp16", "bf16", "fp32", "fp8"], horizontal=True, key="kv-dtype")
-        show_figure(long_context(cfg, CONTEXTS, batch, dtype), key="kv-long", height=330, export_width=800)
+        show_figure(long_context(cfg, CONTEXTS, batch, dtype), key="kv-long", height=360, export_width=800)
     rows = []
     for v in attention_variants(cfg):
         for ctx in CONTEXTS:

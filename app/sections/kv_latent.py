@@ -31,18 +31,18 @@ def mla_section(page: str) -> None:
          r"k^{(h)}_t = W^{UK}_h\, c_t, \qquad v^{(h)}_t = W^{UV}_h\, c_t",
          r"q^{(h)\top} k^{(h)}_t = \big(W^{UK\top}_h q^{(h)}\big)^{\top} c_t",
          r"\text{bytes per token} = L\,(d_c + d_R)\, b \;\;\text{vs}\;\; 2 L\, H_{kv}\, d_h\, b"],
-        ["**GQA and MQA shrink the cache by sharing heads**; MLA shrinks it by caching one small vector c per token "
-         "and layer, from which every head's K and V are rebuilt by an up-projection.",
-         "**Absorption**: W^UK can be folded into the query projection (third line) and W^UV into the output "
+        ["**GQA and MQA shrink the cache by sharing heads**; MLA shrinks it by caching one small vector $c_t$ per "
+         "token and layer, from which every head's K and V are rebuilt by an up-projection.",
+         "**Absorption**: $W^{UK}$ can be folded into the query projection (third line) and $W^{UV}$ into the output "
          "projection, so attention runs on the latents directly: nothing is rebuilt at decode time.",
-         "**RoPE does not absorb**: a rotation that depends on the position sits between W^UK and the score. "
-         "MLA keeps RoPE out of the latent and adds a small rotary key of d_R numbers, shared by all heads.",
+         "**RoPE does not absorb**: a rotation that depends on the position sits between $W^{UK}$ and the score. "
+         "MLA keeps RoPE out of the latent and adds a small rotary key of $d_R$ numbers, shared by all heads.",
          "**Below, on the live model**: SmolLM2 was trained with GQA, not MLA. Its K and V projections are "
          "factored through a latent after the fact (SVD), the cache then holds only the latent, and the model's "
          "quality is measured at each latent size, against sharing heads (MQA) at the same size."],
-        note="c_t is d_c numbers, all a layer caches for token t. DeepSeek-V3: L = 61 layers, d_c = 512, d_R = 64, "
-             "so 576 numbers a token and layer where its 128 heads would cache 128 × (192 + 128) = 40,960 as MHA. b "
-             "is bytes per number (2 in bf16).",
+        note="$c_t$ is $d_c$ numbers, all a layer caches for token $t$. DeepSeek-V3: $L$ = 61 layers, $d_c$ = 512, "
+             "$d_R$ = 64, so 576 numbers a token and layer where its 128 heads would cache 128 × (192 + 128) = 40,960 "
+             "as MHA. $b$ is bytes per number (2 in bf16).",
         name="mla")
     show_figure(published_figure(BF16, CONTEXT), key=f"{page}-published", height=380, export_width=1100)
     v3 = next(m for m in PUBLISHED_CACHES if m.kind == "MLA")

@@ -85,6 +85,11 @@ def test_formats_known_values_and_bits() -> None:
     with pytest.raises(ValueError):
         fake_fp4(torch.ones(2, 24), "mxfp4")  # 32 does not divide 24
     assert torch.equal(fake_quant(torch.zeros(2, 32), "nvfp4"), torch.zeros(2, 32))
+    # NVFP4 with a static (calibrated) range: a block beyond it saturates its FP8 scale at 448 and clips there.
+    y = torch.linspace(-3, 3, 32).reshape(1, 32)
+    assert torch.equal(fake_quant(y, "nvfp4", amax=y.abs().amax()), fake_quant(y, "nvfp4"))
+    clipped = fake_quant(y * 10, "nvfp4", amax=torch.tensor(3.0))
+    assert clipped.abs().max() <= 3.0 * (1 + 1e-6) and clipped.abs().max() >= 3.0 * (1 - 2 ** -3)
 
 
 @settings(max_examples=30, deadline=None)
@@ -187,25 +192,26 @@ def test_the_lab_on_the_tiny_model(tiny_run, tiny_weights) -> None:  # noqa: ANN
 
 
 def test_the_answer_with_a_kv_cache_is_the_answer_rerunning_the_sequence(tiny_weights) -> None:  # noqa: ANN001
-    """Each variant answers through a KV cache unless its activation scale comes from the whole sequence (NVFP4's
-    per-tensor scale here): then the cache would hold the earlier tokens quantized with a shorter sequence's scale,
-    so it reruns the sequence. Where the cache is used, it writes what the rerun writes (on this small model; on
-    the real one an INT8 step tipped by float rounding can part long answers, as between two engines)."""
+    """Every variant quantizes each token's activations without looking at the others' (static per-tensor scales,
+    NVFP4's included; per-token scales; block scales along the features), so its answer through a KV cache is
+    the answer rerunning the whole sequence each step (on this small model; on the real one an INT8 step tipped
+    by float rounding can part long answers, as between two engines)."""
     texts = reference_texts(tiny_weights)
     act_max = channel_max(tiny_weights, calibration_windows(tiny_weights, "chat", 128, texts))
     scales = smoothing(tiny_weights, act_max, 0.5)
     prompt = tiny_weights.tokenizer.chat_prompt_ids("Why is the sky blue?")
-    assert {k for k, v in VARIANTS.items() if not v.tokens_quantized_alone} == {"nvfp4", "nvfp4-sq"}
     assert dense_greedy(tiny_weights, prompt, 10) == dense_greedy(tiny_weights, prompt, 10, whole_sequence=True)
     for variant in VARIANTS.values():
         run = prepare(tiny_weights, variant, act_max, scales)
-        if variant.tokens_quantized_alone:
-            assert (dense_greedy(run.weights, prompt, 10, run.act)
-                    == dense_greedy(run.weights, prompt, 10, run.act, whole_sequence=True)), variant.key
-    # Why NVFP4 reruns: one token's row quantized alone is not that row quantized within the sequence.
+        assert (dense_greedy(run.weights, prompt, 10, run.act)
+                == dense_greedy(run.weights, prompt, 10, run.act, whole_sequence=True)), variant.key
+    # Why NVFP4's per-tensor scale is calibrated, not taken from the tensor: with x's own range one token's row
+    # quantized alone is not that row quantized within the sequence; with the static range it is.
     x = torch.randn(12, 64, generator=torch.Generator().manual_seed(0))
     x[3] *= 40
     assert not torch.equal(fake_quant(x[:1], "nvfp4"), fake_quant(x, "nvfp4")[:1])
+    static = x.abs().amax().reshape(1, 1)
+    assert torch.equal(fake_quant(x[:1], "nvfp4", amax=static), fake_quant(x, "nvfp4", amax=static)[:1])
     assert torch.equal(fake_quant(x[:1], "mxfp4"), fake_quant(x, "mxfp4")[:1])
 
 

@@ -41,7 +41,9 @@ def aq_explanation() -> None:
          "smoothing against with it, and FP8 against FP4."],
         note="Fake quantization: each tensor is rounded to the format and dequantized, and the matmuls run in fp32 "
              "on the CPU. The numbers are what the format can hold; there is no FP8 or FP4 GEMM here. The "
-             "embedding, norms, attention scores and KV cache stay in full precision.")
+             "embedding, norms, attention scores and KV cache stay in full precision. Per-tensor activation scales "
+             "(INT8, FP8, and NVFP4's fp32 scale above its block scales) are calibrated once on the calibration "
+             "text, as deployed checkpoints ship them; per-token and block scales are computed on the fly.")
 
 
 def backend_line() -> None:

@@ -10,7 +10,7 @@ Formats:
   FP8 E4M3: s = amax / 448 (E4M3's largest finite value), x̂ = s · e4m3(x / s) (torch.float8_e4m3fn cast).
   NVFP4: FP4 E2M1 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} in blocks of 16 along the input dimension, each block
     with an FP8 E4M3 scale (amax_block / 6), and one fp32 scale per tensor that brings the block scales into
-    FP8's range (as NVIDIA's NVFP4 does).
+    FP8's range (as NVIDIA's NVFP4 does; for activations it is calibrated in advance, like a static FP8 scale).
   MXFP4: the same E2M1 values in blocks of 32 with a power-of-two scale (OCP Microscaling: an 8-bit exponent,
     2^(floor(log2 amax_block) - 2); values above 6 saturate).
 
@@ -105,11 +105,14 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], n // block, block)
 
 
-def nvfp4_scales(x: torch.Tensor) -> torch.Tensor:
+def nvfp4_scales(x: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4's effective scale per block of 16 ([..., blocks, 1]): an FP8 E4M3 block scale amax/6, relative to a
-    per-tensor fp32 scale amax_tensor / (448 · 6) so the largest block scale lands on FP8's 448."""
+    per-tensor fp32 scale amax_tensor / (448 · 6) so the largest block scale lands on FP8's 448. `amax`: the
+    tensor's largest |x| fixed in advance (activations: calibrated, as NVIDIA's NVFP4 checkpoints ship it); a block
+    beyond it saturates its FP8 scale at 448 and clips. None: x's own (weights, known when quantized)."""
     xb = _blocks(x, FORMATS["nvfp4"].block)
-    tensor_scale = (x.abs().amax().clamp(min=TINY) / (FP8_MAX * FP4_MAX))
+    top = x.abs().amax() if amax is None else amax.reshape(())
+    tensor_scale = (top.clamp(min=TINY) / (FP8_MAX * FP4_MAX))
     block = xb.abs().amax(dim=-1, keepdim=True) / FP4_MAX / tensor_scale
     block = block.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     return block.clamp(min=TINY) * tensor_scale
@@ -122,9 +125,10 @@ def mxfp4_scales(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(amax)) - MX_ELEM_EMAX)
 
 
-def fake_fp4(x: torch.Tensor, fmt: FormatName) -> torch.Tensor:
-    """x on the E2M1 grid of its NVFP4 or MXFP4 block scales."""
-    scales = nvfp4_scales(x) if fmt == "nvfp4" else mxfp4_scales(x)
+def fake_fp4(x: torch.Tensor, fmt: FormatName, amax: torch.Tensor | None = None) -> torch.Tensor:
+    """x on the E2M1 grid of its NVFP4 or MXFP4 block scales (`amax`: NVFP4's static per-tensor range, see
+    `nvfp4_scales`; MXFP4 has no per-tensor scale)."""
+    scales = nvfp4_scales(x, amax) if fmt == "nvfp4" else mxfp4_scales(x)
     xb = _blocks(x, FORMATS[fmt].block)
     return (round_e2m1(xb / scales) * scales).reshape(x.shape)
 
@@ -138,10 +142,10 @@ def fake_quant(x: torch.Tensor, fmt: FormatName, granularity: Granularity = "ten
                amax: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, in] quantized to `fmt` and dequantized (fp32). INT8 and FP8: one scale per tensor or per row,
     from x's own largest |x| (dynamic) or from `amax` (static, e.g. calibrated; what lies beyond it clips).
-    FP4 formats: their block scales (granularity and amax do not apply)."""
+    FP4 formats: their block scales (granularity does not apply; `amax` sets NVFP4's per-tensor scale)."""
     x = x.float()
     if fmt in ("nvfp4", "mxfp4"):
-        return fake_fp4(x, fmt)
+        return fake_fp4(x, fmt, amax)
     if fmt not in ("int8", "fp8"):
         raise ValueError(f"unknown format {fmt!r}")
     scale = scale_for(fmt, _amax(x, granularity) if amax is None else amax)

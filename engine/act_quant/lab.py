@@ -9,7 +9,10 @@ here, and the CPU has no tensor cores for one.
 
 Activation scales: per tensor they are static, from the calibration text's largest |x| (what static-scale FP8
 and W8A8 deployments ship; text beyond the calibrated range clips); per token they are computed on the fly;
-FP4 formats carry their own block scales. SmoothQuant's s_j comes from the same calibration text.
+FP4 formats carry their own block scales, computed on the fly, and NVFP4's per-tensor scale above them is static
+too (calibrated, as NVIDIA's checkpoints ship it). So every token's activations are quantized without looking
+at the other tokens', and decoding with a KV cache computes what rerunning the whole sequence would. SmoothQuant's
+s_j comes from the same calibration text.
 
 Scored with the weight-only lab's machinery (engine/weight_quant/lab.py): KL from the full model, top-1
 agreement and NLL on held-out chat answers the full model wrote, and on prose.
@@ -65,15 +68,6 @@ class Variant:
     @property
     def bits_per_activation(self) -> float:
         return FULL_BITS if self.act_format is None else FORMATS[self.act_format].bits
-
-    @property
-    def tokens_quantized_alone(self) -> bool:
-        """Each token's activations are quantized without looking at the others' (static or per-token scales, FP4
-        block scales along the features), so decoding with a KV cache computes what rerunning the whole sequence
-        would (up to the float rounding of matmuls of another shape, which a rounding step can tip: long answers
-        of the real model may part a few tokens on, as they would between two engines). Not NVFP4: its
-        per-tensor scale is taken over the whole sequence's activations here."""
-        return self.act_format != "nvfp4"
 
     @property
     def short(self) -> str:
@@ -207,7 +201,7 @@ def activation_transform(variant: Variant, scales: dict[Key, torch.Tensor] | Non
     if fmt is None:
         return None
     static: dict[Key, torch.Tensor] = {}
-    if variant.act_granularity == "tensor" and fmt in ("int8", "fp8"):
+    if variant.act_granularity == "tensor" and fmt in ("int8", "fp8", "nvfp4"):
         for k, m in act_max.items():
             t = torch.from_numpy(m).float()
             static[k] = (t / scales[k] if scales is not None else t).amax().reshape(1, 1)
@@ -233,9 +227,8 @@ def prepare(weights: LoadedWeights, variant: Variant, act_max: dict[Key, np.ndar
 def dense_greedy(weights: LoadedWeights, prompt: list[int], max_new_tokens: int, act: ActTransform | None = None,
                  whole_sequence: bool = False) -> list[int]:
     """The greedy answer through the dense pass (a few dozen tokens: cheaper than an engine that could
-    fake-quantize), with a KV cache. `whole_sequence`: no cache, each step runs the whole sequence again, for an
-    `act` whose scale comes from the whole sequence (`Variant.tokens_quantized_alone` False): a cache would keep
-    the earlier tokens quantized with a shorter sequence's scale."""
+    fake-quantize), with a KV cache. `whole_sequence`: no cache, each step runs the whole sequence again: what the
+    cache must reproduce, since every variant quantizes each token's activations without the others'."""
     # A GPU server holds the full model in bf16 on the GPU; the dense pass runs in fp32.
     return greedy_answer(weights.config, fp32_state(weights), list(prompt), max_new_tokens,
                          set(weights.tokenizer.eos_token_ids), act, whole_sequence)
@@ -324,8 +317,7 @@ def run_lab(weights: LoadedWeights, settings: ActLabSettings, progress: Progress
         say(f"{v.label}: quantizing, scoring and answering", n / steps)
         t = time.perf_counter()
         run = prepare(weights, v, amax, scales)
-        answer = tuple(dense_greedy(run.weights, prompt, settings.max_new_tokens, run.act,
-                                    whole_sequence=not run.variant.tokens_quantized_alone))
+        answer = tuple(dense_greedy(run.weights, prompt, settings.max_new_tokens, run.act))
         variants.append(VariantOutcome(v, v.label, v.bits_per_weight, v.bits_per_activation,
                                        score(run.weights, eval_set, run.act), answer, decode(list(answer)),
                                        first_difference(answer, full_answer), time.perf_counter() - t))

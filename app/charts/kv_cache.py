@@ -104,8 +104,8 @@ def long_context(cfg: ModelConfig, contexts: list[int], batch: int, dtype: str) 
     for v in attention_variants(cfg):
         vals = [variant_bytes_per_token(cfg, v, nbytes) * c * batch / GIB for c in contexts]
         lowest, highest = min(lowest, *vals), max(highest, *vals)
-        # Short legend names: with "(9 KV heads)" each took a line of the legend and squeezed the plot; the
-        # chart beside this one names what each variant caches.
+        # Short legend names, so the four fit on one line of a half-width column; the chart beside this one
+        # names what each variant caches (and so does the hover).
         fig.add_bar(x=labels, y=vals, name=v.name, marker_color=VARIANT_COLORS[v.name],
                     text=[f"{x:,.1f}" if x >= 1 else f"{x:.2f}" for x in vals], textposition="outside",
                     textfont_size=10, cliponaxis=False, customdata=[v.short] * len(vals),

@@ -149,7 +149,7 @@ def greedy_answer(cfg: ModelConfig, sd: dict[str, torch.Tensor], prompt: list[in
     pass, then one token per pass): the same logits as running the whole sequence each step, to float rounding,
     whenever `act` treats each token's input on its own, and ~20x less work for a few dozen tokens.
     `whole_sequence`: no cache, the whole sequence again each step (`sequence_logits`), for an `act` that takes
-    a statistic over the sequence."""
+    a statistic over the sequence (no lab's transform does; the tests use it as the cache's oracle)."""
     cos, sin = rope_tables(cfg, len(prompt) + max_new_tokens)
     pasts = [LayerKV() for _ in range(cfg.num_layers)]
     seq, new, out = list(prompt), list(prompt), []

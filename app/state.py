@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Hashable
 from typing import Any, Callable, TypeVar
 
 import streamlit as st
 
-from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_mode
+from app.formatting import fmt_duration
+from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_fingerprint, weights_mode
 from app.scenarios import Scenario
 from app.session import EngineSession
+from engine.result_store import StoredResult, stored_result
 from kernels.device_gate import DEVICE_GATE
 
 T = TypeVar("T")
@@ -125,25 +128,51 @@ def progress_reporter(bar: Any) -> Callable[[str, float], None]:
     return report
 
 
-def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str) -> T | None:
+def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str,
+             persist: bool = False) -> T | None:
     """A page's long run (the KV compression lab, the load test, the weight quantization lab) for settings
     `key`: from this tab's page cache, else from the server's (one result per page, weights, device and
     settings, the last 8 kept, so a class opening the page sees the first visitor's run), else run now.
     `run` gets the progress bar (`bar.progress(share, text=...)`) to report on. A failing run is an error
-    message and the last result stays (None when there is none)."""
+    message and the last result stays (None when there is none).
+
+    `persist`: the run gives the same result every time for the same weights, settings and code (no timings
+    that are the point of it), so it is also kept on disk (engine/result_store.py) and a restarted server
+    shows it at once, with a caption saying when it was computed."""
     cache = page_cache(page)
-    if cache.get("key") == key:
-        return cache["result"]
-    bar = st.progress(0.0, text=start_text)
-    try:
-        result = _server_run((page, weights_mode(), device(), dtype_name(), repr(key)), lambda: run(bar))
-    except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
-        st.error(f"{failed}: {e}", icon=":material/error:")
-        return cache.get("result")
-    finally:
-        bar.empty()
-    cache.update(key=key, result=result)
-    return result
+    if cache.get("key") != key:
+        bar = st.progress(0.0, text=start_text)
+        try:
+            server_key = (page, weights_mode(), device(), dtype_name(), repr(key))
+            stored = _server_run(server_key, lambda: _run_maybe_stored(page, key, lambda: run(bar), persist))
+        except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
+            st.error(f"{failed}: {e}", icon=":material/error:")
+            return cache.get("result")
+        finally:
+            bar.empty()
+        cache.update(key=key, result=stored.value, stored=stored)
+    stored = cache["stored"]
+    if stored.from_disk:
+        st.caption(f":material/history: {stored_caption(stored)}")
+    return cache["result"]
+
+
+def stored_caption(stored: StoredResult[Any]) -> str:
+    """Where a result read back from disk came from, in one sentence."""
+    when = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(stored.computed_at))
+    return (f"Read back from this machine's disk cache: the model computed this result on {when} "
+            f"(in {fmt_duration(stored.seconds)}) with the same weights, settings and code. Change a setting "
+            "to run it again.")
+
+
+def _run_maybe_stored(page: str, key: Hashable, run: Callable[[], T], persist: bool) -> StoredResult[T]:
+    fingerprint = weights_fingerprint() if persist else None
+    if fingerprint is None:  # not persisted, or weights on a GPU (hashing them would copy them all over)
+        t0 = time.perf_counter()
+        value = run()
+        return StoredResult(value, time.time(), time.perf_counter() - t0, False)
+    return stored_result(f"page-{page}", {"page": page, "weights": fingerprint, "mode": weights_mode(),
+                                          "device": device(), "dtype": dtype_name(), "settings": repr(key)}, run)
 
 
 def mark_requested(key: str) -> None:
@@ -152,11 +181,11 @@ def mark_requested(key: str) -> None:
 
 
 def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T], start_text: str, failed: str,
-                   waiting: str) -> T | None:
+                   waiting: str, persist: bool = False) -> T | None:
     """`page_run` for a section that runs only when asked (a lab below a page's live engine, too slow to run on
     every visit): until its form was submitted in this tab (`mark_requested`) and with nothing cached, `waiting` as
     a caption saying what the button does, and None."""
     if not st.session_state.get(f"{key}-started") and page_cache(key).get("result") is None:
         st.caption(waiting)
         return None
-    return page_run(key, settings, run, start_text, failed)
+    return page_run(key, settings, run, start_text, failed, persist)

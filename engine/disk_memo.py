@@ -25,6 +25,7 @@ from engine.weights import cache_dir
 # Bump when what is stored changes meaning (a different generation rule), so old entries are not read.
 FORMAT = 1
 J = TypeVar("J")  # a JSON value: lists, numbers, strings
+T = TypeVar("T")
 
 
 def state_fingerprint(state_dict: Mapping[str, torch.Tensor]) -> str | None:
@@ -53,7 +54,18 @@ def entry_path(name: str, key: Mapping[str, Any]) -> Path:
 def disk_memo(name: str, key: Mapping[str, Any], build: Callable[[], J]) -> J:
     """`build()`'s JSON value for `key`, from disk when an earlier run stored it, else built and stored."""
     path, full = entry_path(name, key), _full_key(key)
-    hit = _read(path, full)
+
+    def write(value: J) -> None:
+        write_atomically(path, json.dumps({"key": full, "value": value}).encode())
+
+    return locked_memo(path, lambda: _read(path, full), build, write)
+
+
+def locked_memo(path: Path, read: Callable[[], tuple[T] | None], build: Callable[[], T],
+                write: Callable[[T], None]) -> T:
+    """`read()`'s value when it has one, else `build()`'s, written with `write` for the next caller. The build
+    runs under a lock beside `path`, so parallel processes build once and the others read what it wrote."""
+    hit = read()
     if hit is not None:
         return hit[0]
     with contextlib.ExitStack() as stack:
@@ -61,12 +73,29 @@ def disk_memo(name: str, key: Mapping[str, Any], build: Callable[[], J]) -> J:
             stack.enter_context(file_lock(path.with_suffix(".lock")))
         except OSError:  # no writable cache: compute without it
             return build()
-        hit = _read(path, full)  # another process stored it while we waited for the lock
+        hit = read()  # another process stored it while we waited for the lock
         if hit is not None:
             return hit[0]
         value = build()
-        _write(path, {"key": full, "value": value})
+        write(value)
         return value
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file and a rename, so no reader sees half of it; a cache that
+    cannot be written is only slower, so errors are swallowed."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is fine to share read-only
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _full_key(key: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,18 +111,3 @@ def _read(path: Path, full: dict[str, Any]) -> tuple[Any] | None:
     if not isinstance(entry, dict) or entry.get("key") != json.loads(json.dumps(full)) or "value" not in entry:
         return None
     return (entry["value"],)
-
-
-def _write(path: Path, entry: dict[str, Any]) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    except OSError:
-        return  # a cache that cannot be written is only slower
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is fine to share read-only
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)

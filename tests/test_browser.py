@@ -151,13 +151,20 @@ def assert_metrics_fit(pg) -> None:  # noqa: ANN001
 
 def assert_buttons_fit(pg) -> None:  # noqa: ANN001
     """No button's or widget label's text is cut off ("Apply an…" in a sixth of a 1280-pixel row, "Use this
-    prompt" beside the prompt box): each element that holds text is as wide as its text."""
+    prompt" beside the prompt box): each element that holds text is as wide as its text; and every chosen
+    option of a multiselect is in sight."""
     cut = pg.evaluate("""() => [...document.querySelectorAll(
         '[data-testid="stMain"] button, [data-testid="stMain"] [data-testid="stWidgetLabel"] p')]
         .flatMap(b => [b, ...b.querySelectorAll('p, span, div')])
         .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
         .map(e => e.innerText.trim()).filter(t => t)""")
     assert not cut, f"button or label text cut off: {sorted(set(cut))}"
+    # A multiselect does not wrap its chips: in a narrow column the weight page's third method was scrolled
+    # out of sight, and the box looked as if only two were chosen.
+    hidden = pg.evaluate("""() => [...document.querySelectorAll(
+        '[data-testid="stMain"] [data-testid="stMultiSelectTagsContainer"]')]
+        .filter(c => c.clientWidth > 0 && c.scrollWidth > c.clientWidth + 1).map(c => c.innerText.trim())""")
+    assert not hidden, f"multiselect choices scrolled out of sight: {hidden}"
 
 
 def assert_tables_fit(pg) -> None:  # noqa: ANN001

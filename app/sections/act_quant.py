@@ -91,7 +91,7 @@ def get_result(page: str, s: ActLabSettings) -> ActLabResult | None:
     def run(bar) -> ActLabResult:  # noqa: ANN001 (a Streamlit progress bar)
         return run_lab(shared_weights(), s, progress_reporter(bar))
 
-    return page_run(page, s, run, "Quantizing…", "The run failed")
+    return page_run(page, s, run, "Quantizing…", "The run failed", persist=True)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -182,5 +182,5 @@ def download_section(result: ActLabResult, page: str) -> None:
     st.download_button("Download this run (JSON)", result_json(result), file_name="activation_quantization.json",
                        mime="application/json", icon=":material/download:", key=f"{page}-download")
     st.caption(f"The whole run took {fmt_duration(result.seconds)} here (the first run on a server includes the "
-               "full model writing its reference text, ~20 s); it is kept for everyone on this server, "
-               "so a class opening the page sees it at once.")
+               "full model writing its reference text, ~20 s); it is kept for everyone on this server and on "
+               "this machine's disk, so a class opening the page or a restarted server sees it at once.")

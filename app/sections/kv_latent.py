@@ -108,7 +108,7 @@ def latent_lab_section(page: str) -> None:
     result = run_on_request(lab, settings, run, "Factoring and scoring…", "The latent-cache run failed",
                             "Press **Factor, score and answer** (about 30 s on an idle 2-core CPU the first time: the "
                             "full model writes its calibration and evaluation text once, then every latent size is "
-                            "scored).")
+                            "scored).", persist=True)
     if result is None:
         return
     _answers(result)

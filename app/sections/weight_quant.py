@@ -80,25 +80,26 @@ def settings_form(page: str) -> LabSettings:
     message)."""
     shown: LabSettings = page_settings(page, LabSettings)
     with st.form(f"{page}-form", border=True):
-        c = st.columns([2, 1, 1, 1.3, 1.2])
+        # The methods get half the row: a multiselect does not wrap its chips, and a narrower box hid the third.
+        c = st.columns([3, 1, 1])
         methods = c[0].multiselect("Methods", list(METHODS), default=list(shown.methods),
                                    format_func=METHOD_LABELS.get, key=_key(page, "methods"))
         bits = c[1].selectbox("Bits", [8, 4, 3, 2], index=[8, 4, 3, 2].index(shown.bits), key=_key(page, "bits"))
         group = c[2].selectbox("Group", list(GROUPS), index=list(GROUPS).index(shown.group),
                                format_func=lambda g: "per row" if g == 0 else str(g), key=_key(page, "group"),
                                help="input channels sharing one scale and zero point")
-        calibration = c[3].selectbox("Calibration text", list(CALIBRATION_SETS),
+        c = st.columns(3)
+        calibration = c[0].selectbox("Calibration text", list(CALIBRATION_SETS),
                                      index=list(CALIBRATION_SETS).index(shown.calibration),
                                      key=_key(page, "calibration"),
                                      help=" · ".join(f"{k}: {v}" for k, v in CALIBRATION_HELP.items()))
-        tokens = c[4].number_input("Calibration tokens", WINDOW, MAX_CALIBRATION_TOKENS, shown.calibration_tokens,
+        tokens = c[1].number_input("Calibration tokens", WINDOW, MAX_CALIBRATION_TOKENS, shown.calibration_tokens,
                                    step=WINDOW, key=_key(page, "tokens"),
                                    help=f"windows of {WINDOW} tokens; more is slower and steadier")
-        c = st.columns([4, 1])
-        prompt = c[0].text_input("Prompt each checkpoint answers (a chat message)", shown.prompt,
-                                 key=_key(page, "prompt"))
-        new_tokens = c[1].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, shown.max_new_tokens,
+        new_tokens = c[2].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, shown.max_new_tokens,
                                        key=_key(page, "new-tokens"))
+        prompt = st.text_input("Prompt each checkpoint answers (a chat message)", shown.prompt,
+                               key=_key(page, "prompt"))
         submitted = st.form_submit_button("Quantize and measure", icon=":material/play_arrow:", type="primary")
     candidate = LabSettings(tuple(methods), int(bits), int(group), calibration, int(tokens), str(prompt),
                             int(new_tokens)) if submitted else None
@@ -110,7 +111,7 @@ def get_result(page: str, s: LabSettings) -> LabResult | None:
     def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
         return run_lab(shared_weights(), s, device(), dtype_name(), progress_reporter(bar))
 
-    return page_run(page, s, run, "Quantizing…", "The run failed")
+    return page_run(page, s, run, "Quantizing…", "The run failed", persist=True)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -217,6 +218,6 @@ def download_section(result: LabResult, page: str) -> None:
     st.download_button("Download this run (JSON)", result_json(result), file_name="weight_quantization.json",
                        mime="application/json", icon=":material/download:", key=f"{page}-download")
     took = sum(v.seconds for v in result.variants)
-    st.caption(f"Quantizing took {fmt_duration(took)} here in all; the run is kept for everyone on this server, "
-               "so a class opening the page sees it at once.")
+    st.caption(f"Quantizing took {fmt_duration(took)} here in all; the run is kept for everyone on this server "
+               "and on this machine's disk, so a class opening the page or a restarted server sees it at once.")
 

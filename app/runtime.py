@@ -12,8 +12,6 @@ from typing import Literal
 import streamlit as st
 import torch
 
-from engine.disk_memo import state_fingerprint
-from engine.state_memo import StateDictMemo
 from engine.weights import LoadedWeights, load_weights
 
 WeightsMode = Literal["real", "random"]
@@ -51,16 +49,6 @@ def _cached_weights(mode: WeightsMode, device_name: str, dtype: str) -> LoadedWe
 
 def shared_weights() -> LoadedWeights:
     return _cached_weights(weights_mode(), device(), dtype_name())
-
-
-_FINGERPRINTS: StateDictMemo[str | None] = StateDictMemo()
-
-
-def weights_fingerprint() -> str | None:
-    """A hash of the shared weights' bytes (~0.5 s, once per server), the key of results kept on disk; None
-    when they are on a GPU, where hashing would copy them all over first."""
-    sd = shared_weights().state_dict
-    return _FINGERPRINTS.get(sd, lambda: state_fingerprint(sd))
 
 
 def backend_summary(kernel_backend: str = "auto") -> str:

@@ -14,10 +14,10 @@ from typing import Any, Callable, TypeVar
 import streamlit as st
 
 from app.formatting import fmt_duration
-from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_fingerprint, weights_mode
+from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_mode
 from app.scenarios import Scenario
 from app.session import EngineSession
-from engine.result_store import StoredResult, stored_result
+from engine.result_store import StoredResult
 from kernels.device_gate import DEVICE_GATE
 
 T = TypeVar("T")
@@ -128,23 +128,22 @@ def progress_reporter(bar: Any) -> Callable[[str, float], None]:
     return report
 
 
-def page_run(page: str, key: Hashable, run: Callable[[Any], T], start_text: str, failed: str,
-             persist: bool = False) -> T | None:
+def page_run(page: str, key: Hashable, run: Callable[[Any], T | StoredResult[T]], start_text: str,
+             failed: str) -> T | None:
     """A page's long run (the KV compression lab, the load test, the weight quantization lab) for settings
     `key`: from this tab's page cache, else from the server's (one result per page, weights, device and
     settings, the last 8 kept, so a class opening the page sees the first visitor's run), else run now.
     `run` gets the progress bar (`bar.progress(share, text=...)`) to report on. A failing run is an error
     message and the last result stays (None when there is none).
 
-    `persist`: the run gives the same result every time for the same weights, settings and code (no timings
-    that are the point of it), so it is also kept on disk (engine/result_store.py) and a restarted server
-    shows it at once, with a caption saying when it was computed."""
+    A lab whose result is kept on disk returns a `StoredResult` (engine/result_store.py): read back from an
+    earlier run, it comes with a caption saying when it was computed."""
     cache = page_cache(page)
     if cache.get("key") != key:
         bar = st.progress(0.0, text=start_text)
         try:
             server_key = (page, weights_mode(), device(), dtype_name(), repr(key))
-            stored = _server_run(server_key, lambda: _run_maybe_stored(page, key, lambda: run(bar), persist))
+            stored = _server_run(server_key, lambda: _as_stored(lambda: run(bar)))
         except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
             st.error(f"{failed}: {e}", icon=":material/error:")
             return cache.get("result")
@@ -165,14 +164,10 @@ def stored_caption(stored: StoredResult[Any]) -> str:
             "to run it again.")
 
 
-def _run_maybe_stored(page: str, key: Hashable, run: Callable[[], T], persist: bool) -> StoredResult[T]:
-    fingerprint = weights_fingerprint() if persist else None
-    if fingerprint is None:  # not persisted, or weights on a GPU (hashing them would copy them all over)
-        t0 = time.perf_counter()
-        value = run()
-        return StoredResult(value, time.time(), time.perf_counter() - t0, False)
-    return stored_result(f"page-{page}", {"page": page, "weights": fingerprint, "mode": weights_mode(),
-                                          "device": device(), "dtype": dtype_name(), "settings": repr(key)}, run)
+def _as_stored(run: Callable[[], T | StoredResult[T]]) -> StoredResult[T]:
+    t0 = time.perf_counter()
+    out = run()
+    return out if isinstance(out, StoredResult) else StoredResult(out, time.time(), time.perf_counter() - t0, False)
 
 
 def mark_requested(key: str) -> None:
@@ -180,12 +175,12 @@ def mark_requested(key: str) -> None:
     st.session_state[f"{key}-started"] = True
 
 
-def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T], start_text: str, failed: str,
-                   waiting: str, persist: bool = False) -> T | None:
+def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T | StoredResult[T]], start_text: str,
+                   failed: str, waiting: str) -> T | None:
     """`page_run` for a section that runs only when asked (a lab below a page's live engine, too slow to run on
     every visit): until its form was submitted in this tab (`mark_requested`) and with nothing cached, `waiting` as
     a caption saying what the button does, and None."""
     if not st.session_state.get(f"{key}-started") and page_cache(key).get("result") is None:
         st.caption(waiting)
         return None
-    return page_run(key, settings, run, start_text, failed, persist)
+    return page_run(key, settings, run, start_text, failed)

@@ -16,14 +16,16 @@ import json
 import os
 import pickle
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
 
-from engine.disk_memo import locked_memo, memo_dir, write_atomically
+from engine.disk_memo import locked_memo, memo_dir, state_fingerprint, write_atomically
+from engine.state_memo import StateDictMemo
+from engine.weights import LoadedWeights
 
 FORMAT = 1  # bump when an entry's layout changes
 KEPT = 64  # entries kept (each a few MB at most); the least recently used go first
@@ -52,6 +54,33 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+_FINGERPRINTS: StateDictMemo[str | None] = StateDictMemo()
+
+
+def weights_fingerprint(weights: LoadedWeights) -> str | None:
+    """The weights' hash (~0.5 s, once per state dict); None for weights on a GPU, where hashing would copy
+    them all over first."""
+    return _FINGERPRINTS.get(weights.state_dict, lambda: state_fingerprint(weights.state_dict))
+
+
+def computed_now(build: Callable[[], T]) -> StoredResult[T]:
+    """`build()`'s value with its time, not stored."""
+    t0 = time.perf_counter()
+    value = build()
+    return StoredResult(value, time.time(), time.perf_counter() - t0, False)
+
+
+def stored_run(name: str, weights: LoadedWeights, settings: Hashable, build: Callable[[], T],
+               **key: Any) -> StoredResult[T]:
+    """A lab's run of `settings` on `weights` (`build()`), kept on disk under the weights' hash, the settings'
+    repr (frozen dataclasses: every field) and `key` (device, dtype); computed now and not kept for weights on
+    a GPU."""
+    fingerprint = weights_fingerprint(weights)
+    if fingerprint is None:
+        return computed_now(build)
+    return stored_result(name, {"weights": fingerprint, "settings": repr(settings), **key}, build)
+
+
 def entry_path(name: str, key: Mapping[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(_full_key(key), sort_keys=True, default=repr).encode()).hexdigest()[:32]
     return memo_dir() / f"{name}-{digest}{SUFFIX}"
@@ -62,11 +91,6 @@ def stored_result(name: str, key: Mapping[str, Any], build: Callable[[], T]) -> 
     stored it, else built now and stored for the next one."""
     path, full = entry_path(name, key), _comparable(_full_key(key))
 
-    def timed_build() -> StoredResult[T]:
-        t0 = time.perf_counter()
-        value = build()
-        return StoredResult(value, time.time(), time.perf_counter() - t0, False)
-
     def write(result: StoredResult[T]) -> None:
         try:
             data = pickle.dumps({"key": full, "value": result.value, "computed_at": result.computed_at,
@@ -76,7 +100,7 @@ def stored_result(name: str, key: Mapping[str, Any], build: Callable[[], T]) -> 
         write_atomically(path, data)
         _prune(path.parent)
 
-    return locked_memo(path, lambda: _read(path, full), timed_build, write)
+    return locked_memo(path, lambda: _read(path, full), lambda: computed_now(build), write)
 
 
 def _full_key(key: Mapping[str, Any]) -> dict[str, Any]:

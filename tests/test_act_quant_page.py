@@ -72,7 +72,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     text = " ".join(c.value for c in at.caption)
     assert "simulated in fp32" in text and "not measured here" in text
     # Another layer input and statistic redraw from the run (nothing runs again).
-    monkeypatch.setattr(section, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
+    monkeypatch.setattr(section, "stored_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at.selectbox(key=f"{PREFIX}-input").set_value("down").run()
     at.radio(key=f"{PREFIX}-stat").set_value("mean").run()
     assert_clean(at)
@@ -88,7 +88,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("out of memory (simulated)")
 
-    monkeypatch.setattr(section, "run_lab", broken)
+    monkeypatch.setattr(section, "stored_lab", broken)
     at.multiselect(key=f"{PREFIX}-variants").set_value(["fp8-tensor"])
     at.button(key=SUBMIT).click().run()
     assert not at.exception

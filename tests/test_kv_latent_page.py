@@ -20,7 +20,7 @@ def _small(weights, settings, progress=None):  # noqa: ANN001, ANN202
 
 def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppTest,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(section, "run_latent_lab", _small)
+    monkeypatch.setattr(section, "stored_latent_lab", _small)
     at = open_page(random_app, PAGE)
     assert_clean(at)
     subheaders = [s.value for s in at.subheader]
@@ -40,7 +40,7 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
     assert any("At the same cache size" in m.value for m in at.markdown)
 
     # Another domain redraws from the same run.
-    monkeypatch.setattr(section, "run_latent_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    monkeypatch.setattr(section, "stored_latent_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     at.radio(key=f"{LAB}-domain").set_value("prose").run()
     assert_clean(at)
 
@@ -53,7 +53,7 @@ def test_a_failing_run_is_a_message(random_app: AppTest, monkeypatch: pytest.Mon
     def broken(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("the SVD did not converge")
 
-    monkeypatch.setattr(section, "run_latent_lab", broken)
+    monkeypatch.setattr(section, "stored_latent_lab", broken)
     at = open_page(random_app, PAGE)
     at.button(key=SUBMIT).click().run()
     assert not at.exception

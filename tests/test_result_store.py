@@ -1,19 +1,21 @@
 """Lab results kept on disk (engine/result_store.py): built once per key and read back by a later process
 with when and how long; another key, other code, a torn file or an unpicklable value mean building again
-(never a wrong value); the newest entries stay. And the app's weight-quantization page reads a run back after
-a server restart, says so, and runs nothing."""
+(never a wrong value); the newest entries stay. The weight-quantization lab's stored run, and the app's page
+reading it back after a server restart, saying so, and running nothing."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 import numpy as np
 import pytest
 
-import app.sections.weight_quant as section
 import engine.result_store as store
+import engine.weight_quant.lab as wq_lab
 from app import state
 from engine.result_store import StoredResult, entry_path, stored_result
+from engine.weight_quant.lab import LabSettings, stored_lab
 from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
 from tests.test_weight_quant_page import PAGE, PREFIX, SMALL
 
@@ -89,6 +91,22 @@ def test_the_newest_entries_stay(folder, monkeypatch) -> None:  # noqa: ANN001
     assert stored_result("lab", {"i": 3}, lambda: -1).value == 3  # reading refreshes, and reads the stored one
 
 
+def test_a_lab_run_is_kept_per_weights_and_settings(tiny_weights, folder) -> None:  # noqa: ANN001
+    s = LabSettings(methods=("rtn",), bits=3, group=32, calibration_tokens=64, max_new_tokens=4)
+    first = stored_lab(tiny_weights, s)
+    again = stored_lab(tiny_weights, s)
+    assert not first.from_disk and again.from_disk
+    assert again.value.variants[0].scores == first.value.variants[0].scores
+    assert again.value.reference.answer_ids == first.value.reference.answer_ids
+    assert not stored_lab(tiny_weights, dataclasses.replace(s, bits=4)).from_disk
+    # Other weights (one tensor changed) are another entry.
+    sd = dict(tiny_weights.state_dict)
+    sd["model.norm.weight"] = sd["model.norm.weight"] * 1.5
+    assert not stored_lab(dataclasses.replace(tiny_weights, state_dict=sd), s).from_disk
+    with pytest.raises(ValueError, match="calibration tokens"):  # settings are checked before anything else
+        stored_lab(tiny_weights, dataclasses.replace(s, calibration_tokens=5))
+
+
 def test_a_restarted_server_shows_the_stored_run_and_says_so(random_app, folder, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(state, "_SERVER_RUNS", type(state._SERVER_RUNS)())
     random_app.session_state[f"{PREFIX}-settings"] = SMALL
@@ -96,11 +114,11 @@ def test_a_restarted_server_shows_the_stored_run_and_says_so(random_app, folder,
     assert_clean(at)
     assert not any("disk cache" in c.value for c in at.caption)
     labels = [m.label for m in at.metric]
-    assert len(list(folder.glob("page-wq-*.pkl"))) == 1
+    assert len(list(folder.glob("weight-quant-lab-*.pkl"))) == 1
 
     # A new server process: nothing in memory, the run on disk. It is shown without running anything.
     monkeypatch.setattr(state, "_SERVER_RUNS", type(state._SERVER_RUNS)())
-    monkeypatch.setattr(section, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
+    monkeypatch.setattr(wq_lab, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at = new_app()
     at.session_state[f"{PREFIX}-settings"] = SMALL
     at = open_page(at, PAGE)

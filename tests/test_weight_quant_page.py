@@ -82,7 +82,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert len(at.get("plotly_chart")) == 5  # distance, every bit width (bench), layer errors, alphas, channels
     assert "CPU" in " ".join(c.value for c in at.caption)
     # Another layer input redraws from the run (nothing runs again).
-    monkeypatch.setattr(section, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
+    monkeypatch.setattr(section, "stored_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at.selectbox(key=f"{PREFIX}-outlier-input").set_value("down").run()
     assert_clean(at)
     # Bad input: a message, and the results stay.
@@ -92,7 +92,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("out of memory (simulated)")
 
-    monkeypatch.setattr(section, "run_lab", broken)
+    monkeypatch.setattr(section, "stored_lab", broken)
     at.text_input(key=f"{PREFIX}-prompt").set_value("Name a colour.")
     at.button(key=SUBMIT).click().run()
     assert not at.exception

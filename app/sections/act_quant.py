@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, SWEEPABLE, VARIANTS,
-                                  ActLabResult, ActLabSettings, run_lab)
+                                  ActLabResult, ActLabSettings, stored_lab)
 from engine.weight_quant.texts import WINDOW
 
 from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, channel_view, fp8_speedup, outlier_frame,
@@ -89,9 +89,9 @@ def settings_form(page: str) -> ActLabSettings:
 
 def get_result(page: str, s: ActLabSettings) -> ActLabResult | None:
     def run(bar) -> ActLabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return run_lab(shared_weights(), s, progress_reporter(bar))
+        return stored_lab(shared_weights(), s, progress_reporter(bar))
 
-    return page_run(page, s, run, "Quantizing…", "The run failed", persist=True)
+    return page_run(page, s, run, "Quantizing…", "The run failed")
 
 
 # ---- results -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.kv_latent.lab import (KIND_LABELS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANKS, LatentLabResult,
-                                  LatentSettings, full_rank, run_latent_lab)
+                                  LatentSettings, full_rank, stored_latent_lab)
 
 from app.analysis.kv_math import PUBLISHED_CACHES, human_bytes
 from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure, tradeoff_figure
@@ -103,12 +103,12 @@ def latent_lab_section(page: str) -> None:
     settings = _settings_form(page)
 
     def run(bar) -> LatentLabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return run_latent_lab(shared_weights(), settings, progress_reporter(bar))
+        return stored_latent_lab(shared_weights(), settings, progress_reporter(bar))
 
     result = run_on_request(lab, settings, run, "Factoring and scoring…", "The latent-cache run failed",
                             "Press **Factor, score and answer** (about 30 s on an idle 2-core CPU the first time: the "
                             "full model writes its calibration and evaluation text once, then every latent size is "
-                            "scored).", persist=True)
+                            "scored).")
     if result is None:
         return
     _answers(result)

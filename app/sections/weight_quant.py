@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.weight_quant.lab import (GROUPS, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, METHOD_LABELS, METHODS,
-                                     LabResult, LabSettings, run_lab)
+                                     LabResult, LabSettings, stored_lab)
 from engine.weight_quant.texts import CALIBRATION_SETS, WINDOW
 
 from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode_bound_tok_s, layer_frame, load_bench,
@@ -109,9 +109,9 @@ def settings_form(page: str) -> LabSettings:
 def get_result(page: str, s: LabSettings) -> LabResult | None:
     """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
     def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return run_lab(shared_weights(), s, device(), dtype_name(), progress_reporter(bar))
+        return stored_lab(shared_weights(), s, device(), dtype_name(), progress_reporter(bar))
 
-    return page_run(page, s, run, "Quantizing…", "The run failed", persist=True)
+    return page_run(page, s, run, "Quantizing…", "The run failed")
 
 
 # ---- results -------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch
 from engine.act_quant.formats import FORMATS, FormatName, Granularity, fake_quant
 from engine.act_quant.smoothquant import smooth_scales
 from engine.kv_compression.lab import first_difference
+from engine.result_store import StoredResult, stored_run
 from engine.weight_quant.dense import (LINEAR_INPUTS, ActTransform, embed, greedy_answer, layer_forward, rope_tables,
                                        weight_key)
 from engine.weight_quant.lab import (DomainScore, EvalSet, activation_profile, build_eval_set, calibration_windows,
@@ -345,3 +346,11 @@ def run_lab(weights: LoadedWeights, settings: ActLabSettings, progress: Progress
     return ActLabResult(settings, reference, tuple(variants), mean, amax, scales,
                         outlier_rows(mean, amax, scales), tuple(sweep), baseline, len(windows) * WINDOW,
                         time.perf_counter() - t0)
+
+
+def stored_lab(weights: LoadedWeights, settings: ActLabSettings,
+               progress: Progress | None = None) -> StoredResult[ActLabResult]:
+    """`run_lab`'s result, kept on disk for CPU weights (engine/result_store.py): the same weights, settings and
+    code give it back at once, with when it was computed and how long that took."""
+    settings.check()
+    return stored_run("act-quant-lab", weights, settings, lambda: run_lab(weights, settings, progress))

@@ -22,6 +22,7 @@ from engine.kv_latent.decode import LatentRun, latent_greedy
 from engine.kv_latent.factor import (LatentLayer, LayerSvd, decompose, equivalent_state, identity_layer,
                                      input_covariance, kv_weight, mean_pooled_layer)
 from engine.prompt_checks import check_new_tokens, check_prompt
+from engine.result_store import StoredResult, stored_run
 from engine.weight_quant.dense import embed, layer_forward, rope_tables
 from engine.weight_quant.lab import (DomainScore, build_eval_set, calibration_windows, fp32_state, reference_texts,
                                      score)
@@ -172,3 +173,11 @@ def _layers(cfg: ModelConfig, sd: dict[str, torch.Tensor], svds: dict[str, list[
     if kind == "mqa":
         return [mean_pooled_layer(cfg, sd, i) for i in range(cfg.num_layers)]
     return [s.truncate(rank) for s in svds[kind]]
+
+
+def stored_latent_lab(weights: LoadedWeights, settings: LatentSettings,
+                      progress: Progress | None = None) -> StoredResult[LatentLabResult]:
+    """`run_latent_lab`'s result (every rank), kept on disk for CPU weights (engine/result_store.py): the same
+    weights, settings and code give it back at once, with when it was computed and how long that took."""
+    settings.check(weights.config)
+    return stored_run("kv-latent-lab", weights, settings, lambda: run_latent_lab(weights, settings, progress))

@@ -28,6 +28,7 @@ from engine.engine import LLMEngine
 from engine.kv_compression.lab import first_difference
 from engine.model import release_prepared
 from engine.prompt_checks import check_new_tokens, check_prompt
+from engine.result_store import StoredResult, stored_run
 from engine.sampling_params import SamplingParams
 from engine.state_memo import StateDictMemo
 from engine.weight_quant.awq import awq_quantize
@@ -413,3 +414,12 @@ def run_lab(weights: LoadedWeights, settings: LabSettings, device: str = "cpu", 
         del q, qweights
     say("Activation profile", 1.0)
     return LabResult(settings, reference, tuple(variants), activation_profile(weights, calib), len(calib), device)
+
+
+def stored_lab(weights: LoadedWeights, settings: LabSettings, device: str = "cpu", dtype: str = "float32",
+               progress: Progress | None = None) -> StoredResult[LabResult]:
+    """`run_lab`'s result, kept on disk for CPU weights (engine/result_store.py): the same weights, settings and
+    code give it back at once, with when it was computed and how long that took."""
+    settings.check()
+    return stored_run("weight-quant-lab", weights, settings,
+                      lambda: run_lab(weights, settings, device, dtype, progress), device=device, dtype=dtype)

@@ -21,6 +21,20 @@ _BASE_CSS = """
     white-space: normal !important; overflow: visible; text-overflow: clip; overflow-wrap: break-word;
   }
   [data-testid="stMetricValue"] p { line-height: 1.15; }
+  /* A row whose columns each hold one widget or one metric (no deltas) is lined up at the bottom: a label
+     that wraps onto a second line ("Budget (max_num_batched_tokens)", "Context per sequence (cached tokens)")
+     then grows upward instead of pushing its box or value below its neighbours'. Rows with more in a column
+     (a caption, a chart) or with metric deltas, whose heights differ, stay top-aligned. */
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stWidgetLabel"],
+  > [data-testid="stColumn"] [data-testid="stMetric"]):not(:has(> [data-testid="stColumn"] >
+  [data-testid="stVerticalBlock"] > :nth-child(2), [data-testid="stMetricDelta"])) > [data-testid="stColumn"] >
+  [data-testid="stVerticalBlock"] { justify-content: flex-end; }
+  /* Rows of five or more metrics: a smaller value, so "136 / 321" or "162 GFLOP/s" stays on one line at a
+     projector's 1280 pixels. */
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(5)) [data-testid="stMetricValue"],
+  [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"]:nth-child(5)) [data-testid="stMetricValue"] * {
+    font-size: 1.8rem;
+  }
   /* The explanation panel's formulas are inline math that wraps (app/widgets/explain.py): a hanging indent
      sets the continuation lines of a wrapped formula apart from the next formula. */
   [class*="st-key-explain-formulas"] [data-testid="stMarkdownContainer"] p {

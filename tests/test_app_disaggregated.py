@@ -27,7 +27,7 @@ def test_page_steps_scrubs_and_resets(random_app: AppTest) -> None:
     assert [r.step for r in session.records] == list(range(6))
     assert all(isinstance(r, ClusterStepRecord) for r in session.records)
     metrics = _metrics(at)
-    assert metrics["Decoding"] == "3" and metrics["Prefill on decode"] == "0" and metrics["KV in flight"] == "0"
+    assert metrics["Still decoding"] == "3" and metrics["Prefill on decode"] == "0" and metrics["KV in flight"] == "0"
     # The timeline, both pools and the first-moments chart.
     assert len(at.get("plotly_chart")) >= 4
     text = " ".join(m.value for m in at.markdown)

@@ -110,6 +110,10 @@ def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
     gantt = gantt_figure(r, placed)
     assert sum(len(t.x) for t in gantt.data if t.x[0] is not None) == len(r.pipeline.tasks)
     assert gantt.data[-1].name == "prefill (step 0)"
+    # A step number only on a bar wide enough for it (3 % of the timeline), never a cluster of tiny ones.
+    end = max(p.end for p in placed)
+    for t in gantt.data[:-1]:
+        assert all((txt != "") == (w * 1e-3 >= 0.03 * end) for txt, w in zip(t.text, t.x)), t.name
     for fig in (memory_figure(mem), pass_figure(times, 2), gantt):
         assert isinstance(fig, go.Figure) and fig.layout.title.text and fig.layout.legend.y < 0
     data = json.loads(result_json(r, 20e-6))

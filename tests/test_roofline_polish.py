@@ -98,6 +98,9 @@ def test_step_times_switch_to_seconds_for_minute_long_prefills(random_weights) -
     slow_first = dataclasses.replace(rec, requests=(dataclasses.replace(first, ttft_seconds=42.0),))
     titles = [a.text for a in request_latency_chart(slow_first, [first.request_id]).layout.annotations][:2]
     assert titles[0].startswith("TTFT (s)") and titles[1].startswith("TPOT (ms)")
+    # Past one second the axis is in seconds too, as the bar's own label ("1.13 s") is.
+    second = dataclasses.replace(rec, requests=(dataclasses.replace(first, ttft_seconds=1.13),))
+    assert request_latency_chart(second, [first.request_id]).layout.annotations[0].text.startswith("TTFT (s)")
     assert request_latency_chart(rec, [first.request_id]).layout.yaxis2.title.text is None
 
 

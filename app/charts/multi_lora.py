@@ -63,7 +63,10 @@ def slots_figure(record: StepRecord, adapters: list[str]) -> go.Figure:
     fig.update_xaxes(range=[0, n], tickvals=[i + 0.5 for i in range(n)], ticktext=[f"slot {i}" for i in range(n)],
                      showgrid=False, zeroline=False)
     fig.update_yaxes(range=[0, 1], visible=False)
-    fig.update_layout(title="Adapter slots on the device", showlegend=False, margin=dict(l=10, r=10))
+    # "After this step": beside the step's packed batch, "0 running" under an adapter that batch used read as a
+    # contradiction when its requests had just finished.
+    fig.update_layout(title=dict(text="Adapter slots on the device", subtitle=dict(text="after this step")),
+                      showlegend=False, margin=dict(l=10, r=10))
     return fig
 
 

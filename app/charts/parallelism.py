@@ -151,10 +151,13 @@ def tp_floor_figure(frame: pd.DataFrame, model: str, latency_us: float) -> go.Fi
 
 def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
     """The measured stage tasks laid out on one timeline per GPU: bars coloured by request, the prefill (step 0)
-    hatched, each labelled with its step where it is wide enough to hold the number."""
+    hatched, each at least 3 % of the timeline wide labelled with its step."""
     run = result.pipeline
     rows = [stage_label(run, s) for s in range(run.pp)]
     fig = go.Figure()
+    # Step numbers only on bars at least 3 % of the timeline wide: on narrower ones (a CPU decode step beside a
+    # long prefill) the numbers that fit came out in uneven clusters ("5 5 5", "9 9 9") that read as noise.
+    min_width = 0.03 * max((p.end for p in placed), default=0.0)
     for m in range(len(run.tokens)):
         color = REQUEST_COLORS[m % len(REQUEST_COLORS)]
         for prefill in (True, False):
@@ -167,7 +170,8 @@ def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
                 legendgroup=f"r{m}", showlegend=not prefill or not any(p.micro == m and p.step for p in placed),
                 marker=dict(color=color, line=dict(color="white", width=1),
                             pattern=dict(shape="x" if prefill else "", fgcolor="white", size=6, solidity=0.35)),
-                text=[str(p.step) for p in part], textposition="inside", insidetextanchor="middle",
+                text=[str(p.step) if p.end - p.start >= min_width else "" for p in part], textposition="inside",
+                insidetextanchor="middle",
                 textfont=dict(color=ink_on(color)),
                 customdata=[(p.step, p.start * 1e3, p.end * 1e3) for p in part],
                 hovertemplate=(f"request {m + 1} · " + ("prefill" if prefill else "decode step %{customdata[0]}")
@@ -180,8 +184,9 @@ def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
     fig.update_layout(
         barmode="overlay", bargap=0.3, uniformtext=dict(minsize=11, mode="hide"),
         title=dict(text=f"{len(run.tokens)} requests through {run.pp} pipeline stage{'s' if run.pp > 1 else ''}",
-                   subtitle=dict(text="Measured stage times laid out one GPU per stage; a bar's number is its "
-                                      "decode step. Gaps: a stage waiting for work (the bubble)")),
+                   subtitle=dict(text="Measured stage times laid out one GPU per stage; a wide enough bar "
+                                      "carries its decode step (hover for any). Gaps: a stage waiting for work "
+                                      "(the bubble)")),
         xaxis=dict(title="ms (measured compute; hops assumed)", range=[0, end * 1.01]),
         yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=rows),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=100))

@@ -308,10 +308,10 @@ def decode_calculator_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int
     return fig
 
 
-def _time_unit(seconds: list[float]) -> tuple[float, str]:
-    """Milliseconds, or seconds once the longest value passes 10 s (a CPU prefill of thousands of
+def _time_unit(seconds: list[float], over: float = 10.0) -> tuple[float, str]:
+    """Milliseconds, or seconds once the longest value passes `over` (a CPU prefill of thousands of
     tokens), so neither axis nor labels read '108529 ms'."""
-    return (1.0, "s") if max(seconds, default=0.0) > 10.0 else (1e3, "ms")
+    return (1.0, "s") if max(seconds, default=0.0) > over else (1e3, "ms")
 
 
 def step_latency_chart(history: list[StepRecord], selected: int) -> go.Figure:
@@ -344,7 +344,8 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     ids = [q.request_id for q in reqs]
     ttft_s = [q.ttft_seconds if q.ttft_seconds >= 0 else None for q in reqs]
     tpot_s = [q.tpot_seconds if q.tpot_seconds >= 0 else None for q in reqs]
-    (s1, u1), (s2, u2) = (_time_unit([v for v in vals if v is not None]) for vals in (ttft_s, tpot_s))
+    # Seconds past 1 s here: the bars carry fmt_duration labels, which switch to seconds there too.
+    (s1, u1), (s2, u2) = (_time_unit([v for v in vals if v is not None], over=1.0) for vals in (ttft_s, tpot_s))
     # Two short lines each, the unit in the first: on one line the two titles ran into each other in the page's
     # right-hand column at a projector's 1280 pixels, and the second panel's y-axis title sat on the first
     # panel's bars.

@@ -86,7 +86,10 @@ def answer_votes_figure(counts: dict[str, int], truth: str | None) -> go.Figure:
     fig = go.Figure(go.Bar(x=[f"“{a}”" for a in answers], y=[counts[a] for a in answers], marker_color=colors,
                            text=[counts[a] for a in answers], textposition="outside", cliponaxis=False,
                            hovertemplate="answer %{x}: %{y} samples<extra></extra>"))
-    sub = f"right answer: {truth} (green)" if truth is not None else "free-form prompt: the right answer is unknown"
+    if truth is None:
+        sub = "free-form prompt: the right answer is unknown"
+    else:
+        sub = f"right answer: {truth} " + ("(green)" if truth in counts else "(no sample reached it)")
     top = max(counts.values(), default=1)
     fig.update_layout(title=dict(text="Votes per final answer", subtitle=dict(text=sub)),
                       xaxis=dict(title="final answer", type="category"),

@@ -76,7 +76,8 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     in_flight = [q.request_id for q in record.requests if q.stage == "transfer"]
     m = st.columns(6)
     m[0].metric("Run clock", fmt_duration(record.clock), help="the decode worker's clock after this tick")
-    m[1].metric("Decoding", stages.count("decode"), help="requests in the decode worker's batch after this tick")
+    m[1].metric("Still decoding", stages.count("decode"), help="requests in the decode worker's batch after this "
+                "tick (a request that wrote its last token in this tick has left)")
     m[2].metric("Prefilling", stages.count("waiting") + stages.count("prefill"),
                 help="arrived requests without a first token yet, queued or in a prefill (one still running on the prefill "
                      "worker's clock counts here)")

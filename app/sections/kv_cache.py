@@ -87,9 +87,9 @@ def variants_section(cfg: ModelConfig) -> None:
     with left:
         show_figure(head_variants(cfg), key="kv-variants", height=400, export_width=800)
     with right:
-        c = st.columns(2)
-        batch = c[0].select_slider("Batch (concurrent sequences)", [1, 8, 32, 128], value=8, key="kv-batch")
-        dtype = c[1].radio("KV dtype", ["fp16", "bf16", "fp32", "fp8"], horizontal=True, key="kv-dtype")
+        # One above the other: side by side, at 1280 pixels the four dtypes took two lines.
+        batch = st.select_slider("Batch (concurrent sequences)", [1, 8, 32, 128], value=8, key="kv-batch")
+        dtype = st.radio("KV dtype", ["fp16", "bf16", "fp32", "fp8"], horizontal=True, key="kv-dtype")
         show_figure(long_context(cfg, CONTEXTS, batch, dtype), key="kv-long", height=360, export_width=800)
     rows = []
     for v in attention_variants(cfg):

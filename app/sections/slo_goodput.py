@@ -89,7 +89,7 @@ def settings_form(page: str) -> SweepSettings:
     st.selectbox("Compare", list(PRESETS), key=k["preset"], on_change=_load_preset, args=(page,),
                  help="Fills the configuration table below; edit it to compare anything else.")
     with st.form(f"{page}-form", border=True):
-        c = st.columns([2, 1, 1, 2])
+        c = st.columns([2.5, 1, 0.9, 1.8])  # the workload names whole at 1280 px
         workload = c[0].selectbox("Workload", list(WORKLOADS), index=list(WORKLOADS).index(default_workload(device())),
                                   key=k["workload"])
         requests = c[1].number_input("Requests", 1, MAX_PAGE_REQUESTS, default_requests(), key=k["requests"],

@@ -103,6 +103,20 @@ def test_nice_at_least_is_the_next_one_two_five(x: float) -> None:
     assert n < 2.5 * x * (1 + 1e-9)  # never more than one 1-2-5 step above
 
 
+@given(st.floats(min_value=1e-2, max_value=1e6, allow_nan=False), st.floats(min_value=1.5, max_value=10 ** 2.5))
+def test_a_short_log_axis_gets_at_least_two_round_ticks(lo: float, span: float) -> None:
+    """The eviction chart's axis (2,800 to 19,000 KiB) once had the single tick 10000."""
+    from app.charts.axes import one_two_five_ticks
+    ticks = one_two_five_ticks(lo, lo * span)
+    if span >= 4:  # consecutive 1-2-3-5 values are at most 2x apart, so two of them fit in any 4x span
+        assert ticks
+    if ticks:
+        vals = ticks["tickvals"]
+        assert all(lo * (1 - 1e-9) <= v <= lo * span * (1 + 1e-9) for v in vals) and vals == sorted(vals)
+        assert len(vals) >= 2 and len(ticks["ticktext"]) == len(vals)
+    assert one_two_five_ticks(lo, lo * 10 ** 2.6) == {}  # wider: one tick per decade, as log_axis has
+
+
 @given(st.floats(min_value=1e-2, max_value=1e6, allow_nan=False))
 def test_ticks_up_to_are_two_or_three_round_ones_below_the_top(top: float) -> None:
     """A worst stall of 464 ms once got the single tick 0 (a step of 500)."""

@@ -106,6 +106,12 @@ def test_rounds_rollback_and_series(random_weights) -> None:  # noqa: ANN001
     assert last.rounds == len(rounds) and last.drafted == sum(r.g for r in rounds)
     assert last.tokens_per_pass is not None and last.tokens_per_pass >= 1.0
     assert measured_c(s.records) is not None
+    # A step's time shows once: as drafting + verification when it ran a round, else as a plain decode.
+    for p, rec in zip(series, s.records):
+        if step_rounds(rec):
+            assert p.plain_seconds == 0 and p.verify_seconds > 0
+        elif any(b.phase == "decode" for b in rec.batch):
+            assert p.plain_seconds == pytest.approx(rec.wall_seconds)
 
 
 def test_compare_drafters_greedy_matches_plain(random_weights) -> None:  # noqa: ANN001

@@ -140,13 +140,26 @@ def scrub_to_first_step(pg) -> None:  # noqa: ANN001
 
 
 def assert_metrics_fit(pg) -> None:  # noqa: ANN001
-    """No metric's value, label or delta is cut off ("…") or spills into its neighbour: each fits its column."""
+    """No metric's value, label or delta is cut off ("…") or spills into its neighbour: each fits its column;
+    and the values of a row of metrics line up."""
     overflowing = pg.evaluate("""() => [...document.querySelectorAll(
         '[data-testid="stMetricValue"] .stMarkdownEllipsis, [data-testid="stMetricLabel"] .stMarkdownEllipsis')]
         .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right >
                      e.closest('[data-testid="stColumn"], [data-testid="stVerticalBlock"]').getBoundingClientRect().right + 1)
         .map(e => e.innerText)""")
     assert not overflowing, f"metrics cut off or spilling over: {overflowing}"
+    # A row of metrics (no deltas) whose labels wrap differently still lines its values up: each value's bottom
+    # within 3 px of the row's others, where a label on two lines used to drop its value ~15 px below.
+    ragged = pg.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stHorizontalBlock"]')]
+        .filter(r => r.querySelector('[data-testid="stMetric"]') && !r.querySelector('[data-testid="stMetricDelta"]')
+                     && [...r.children].every(c => c.querySelector(':scope > [data-testid="stVerticalBlock"]')
+                                                   ?.children.length === 1))
+        .flatMap(r => { const v = [...r.querySelectorAll('[data-testid="stMetricValue"]')]
+                            .map(e => e.getBoundingClientRect()).filter(b => b.height > 0);
+                        const ys = v.map(b => b.bottom);
+                        return ys.length > 1 && Math.max(...ys) - Math.min(...ys) > 3
+                            ? [r.innerText.replace(/\s+/g, ' ').slice(0, 80)] : []; })""")
+    assert not ragged, f"metric values not lined up in their row: {ragged}"
 
 
 def assert_buttons_fit(pg) -> None:  # noqa: ANN001

@@ -154,6 +154,7 @@ class SpecPoint:
     verify_seconds: float
     target_passes: int  # cumulative decode passes per request (speculative rounds + plain decodes)
     decode_tokens: int  # cumulative tokens emitted by those passes
+    plain_seconds: float = 0.0  # this step's time when it decoded without a draft (the drafter found none)
 
     @property
     def alpha(self) -> float | None:
@@ -184,7 +185,7 @@ def spec_series(records: list[StepRecord]) -> list[SpecPoint]:
         out.append(SpecPoint(r.step, t.get("rounds", 0), t.get("drafted_tokens", 0), t.get("accepted_tokens", 0),
                              t.get("rejected_rounds", 0), t.get("emitted_tokens", 0),
                              spec["draft_seconds"] if spec else 0.0, spec["verify_seconds"] if spec else 0.0,
-                             passes, tokens))
+                             passes, tokens, r.wall_seconds if decoding and not (spec and spec["rounds"]) else 0.0))
     return out
 
 

@@ -44,3 +44,18 @@ def log_axis(si: bool = False) -> dict:
     as '1B', which next to 'FLOP/B' reads as bytes) or plain numbers for ratios and counts."""
     return {"type": "log", "dtick": 1, "tickformat": "~s" if si else "~g",
             "minor": {"dtick": "D1", "showgrid": True, "gridcolor": "rgba(0,0,0,0.04)"}}
+
+
+def one_two_five_ticks(lo: float, hi: float) -> dict:
+    """Ticks at 1, 2 and 5 x 10^k (and 3 within a decade) in [lo, hi] (> 0), for a log axis that spans about a decade or less,
+    where `log_axis`'s one tick per power of ten left a single label ("10000") to read the points against.
+    Empty (keep `log_axis`'s) for a span over 2.5 decades, where they would crowd, or one with fewer than two
+    such values in it; a span of 4x or more always has two."""
+    if hi / lo > 10 ** 2.5:
+        return {}
+    mantissas = (1, 2, 3, 5) if hi / lo < 10 else (1, 2, 5)  # within one decade, 3 too: at least three ticks
+    vals = [m * 10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+            for m in mantissas if lo <= m * 10.0 ** k <= hi]
+    if len(vals) < 2:  # a span too short for two round values: Plotly's own ticks are better than one
+        return {}
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,.0f}" if v >= 1 else f"{v:g}" for v in vals]}

@@ -86,7 +86,9 @@ def head_variants(cfg: ModelConfig) -> go.Figure:
         vals = [variant_bytes_per_token(cfg, v, nbytes) / 1024 for v in variants]
         fig.add_bar(
             x=[f"{v.name}<br><sub>{v.short}</sub>" for v in variants],
-            y=vals, name=label, marker_color=color, text=[f"{x:.1f} KiB" for x in vals], textposition="outside",
+            # Numbers without the unit (the axis says KiB): "135.0 KiB" was shrunk to ~6 px to fit its bar.
+            y=vals, name=label, marker_color=color, text=[f"{x:.3g}" for x in vals], textposition="outside",
+            textfont_size=12, constraintext="none", cliponaxis=False,
             hovertemplate="%{x}: %{y:.2f} KiB per token<extra>%{fullData.name}</extra>",
         )
     top = kv_bytes_per_token(cfg, 4, cfg.num_heads) / 1024

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from engine.kv_compression import FORMATS, LabResult
 
-from app.charts.axes import index_ticks, log_axis
+from app.charts.axes import index_ticks, log_axis, one_two_five_ticks
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 # Okabe-Ito, in the order variants are listed (the reference is grey).
@@ -48,7 +48,8 @@ def tradeoff_figure(result: LabResult) -> go.Figure:
                            f"<br>mean KL {r.mean_kl:.2g} nats<br>top-1 agreement {r.top1_agreement:.0%}<extra></extra>")))
     fig.update_layout(title=dict(text="Memory against quality", subtitle=dict(
         text="Each point a cache variant; the label is how often its top token was the reference's")),
-        xaxis=dict(title="cache after the run (KiB: K and V of every layer, scales included)", **log_axis(),
+        xaxis=dict(title="cache after the run (KiB: K and V of every layer, scales included)",
+                   **{**log_axis(), **one_two_five_ticks(min(kib) / 10 ** 0.15, max(kib) * 10 ** 0.15)},
                    range=[math.log10(min(kib)) - 0.15, math.log10(max(kib)) + 0.15]),
         yaxis=dict(title="mean KL from the reference (nats)", **log_axis(),
                    range=[math.log10(min(kls)) - 0.5, math.log10(max(kls)) + 0.5]))

@@ -204,6 +204,10 @@ def time_split_figure(series: list[SpecPoint], selected: int | None = None) -> g
                 hovertemplate="step %{x}: drafting %{y:.1f} ms<extra></extra>")
     fig.add_bar(x=steps, y=[p.verify_seconds * 1e3 for p in series], name="verification pass + rule",
                 marker_color=VERIFY_T, hovertemplate="step %{x}: verify %{y:.0f} ms<extra></extra>")
+    # A step whose drafter found nothing to propose decodes one plain token: shown, or it looked like no work.
+    if any(p.plain_seconds for p in series):
+        fig.add_bar(x=steps, y=[p.plain_seconds * 1e3 for p in series], name="plain decode (no draft)",
+                    marker_color=MUTED, hovertemplate="step %{x}: plain decode %{y:.0f} ms<extra></extra>")
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     fig.update_layout(title="Draft vs verify time per step", barmode="stack", bargap=0.15, xaxis_title="engine step",

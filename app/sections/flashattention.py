@@ -331,11 +331,16 @@ def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
     show_figure(method_chart(results), key="flash-methods", height=100 + 62 * len(results))
     # A static table, not a dataframe: its cells wrap, so the "what runs" sentences are read whole rather than
     # cut off at the right edge of a scrolling grid.
-    st.table(pd.DataFrame([{"method": r.method, "device": r.device, "dtype": r.dtype,
-                            "ms": f"{r.ms:.3g}" if r.ms == r.ms else "–",
-                            "rel. error": f"{r.rel_err:.1e}" if r.rel_err == r.rel_err else "–",
-                            "writes N×N": "yes" if r.materialises_scores else "no",
-                            "what runs": r.error or r.what} for r in results]).set_index("method"))
+    # The short cells on one line (only "what runs" wraps): a static table wraps every column, and "5.5e-07"
+    # broke after its minus sign, "CPU, 1 thread" after its comma.
+    st.markdown("<style>.st-key-flash-methods-table td:not(:last-child) * { white-space: nowrap; }</style>",
+                unsafe_allow_html=True)
+    with st.container(key="flash-methods-table"):
+        st.table(pd.DataFrame([{"method": r.method, "device": r.device, "dtype": r.dtype,
+                                "ms": f"{r.ms:.3g}" if r.ms == r.ms else "–",
+                                "rel. error": f"{r.rel_err:.1e}" if r.rel_err == r.rel_err else "–",
+                                "writes N×N": "yes" if r.materialises_scores else "no",
+                                "what runs": r.error or r.what} for r in results]).set_index("method"))
     gpu = torch.device(device()).type == "cuda"
     heads = int(qkv.q.shape[1])
     long_n = AttentionMemory(32768, heads)

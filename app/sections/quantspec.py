@@ -103,7 +103,8 @@ def quantspec_section(page: str) -> None:
                      "KiB")
     text, num = st.column_config.TextColumn, st.column_config.NumberColumn
     # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
-    st.dataframe(in_percent_points(runs_frame(result), "acceptance"), hide_index=True, width="stretch", column_config={
+    st.dataframe(in_percent_points(runs_frame(result), "acceptance"), hide_index=True, width="stretch",
+                 height="content", column_config={
         "draft's cache": text(width=190, help="the draft's KV cache: the target's, stored in this format"),
         "draft's weights": text("weights", width=64, help="the draft's decoder linears"),
         "cache bytes/token": num("bytes/token", width=88, help="the draft's cache per token, codes and scales"),

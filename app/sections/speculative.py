@@ -209,7 +209,8 @@ def bench_section() -> None:
         df = pd.DataFrame(bench_rows(bench))
         # Short headers, explained in the caption: all eleven columns fit in the expander on a projector.
         num = st.column_config.NumberColumn
-        st.dataframe(df, hide_index=True, width="stretch", column_config={
+        # Every row in sight (at the default height the last rows scrolled out, one cut in half).
+        st.dataframe(df, hide_index=True, width="stretch", height="content", column_config={
             "workload": st.column_config.TextColumn(width=64),
             "drafter": st.column_config.TextColumn(width=150),
             "γ": num(width=34), "α": num(format="%.2f", width=48, help="measured acceptance rate"),

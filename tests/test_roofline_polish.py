@@ -113,6 +113,22 @@ def test_roofline_axes_label_powers_of_ten_only(random_weights) -> None:  # noqa
     assert fig.layout.yaxis.tickformat == "~s" and fig.layout.xaxis.tickformat == "~g"  # "1G", never "1B"
 
 
+def test_an_earlier_point_under_this_steps_twin_is_not_labelled_again() -> None:
+    """A decode step's attn.decode sat on the summed other decode steps' attn.decode: two labels a few
+    pixels apart. The faded twin keeps its marker and loses its label; a distant one keeps both."""
+    from app.analysis.roofline_math import KernelPoint
+
+    def point(step: int, flops: float, secs: float) -> KernelPoint:
+        return KernelPoint(step, "decode", "attention.decode", "attention", "torch", 1, secs, flops, flops / 1.5)
+
+    c = Ceilings(100e9, 10e9, "test", "float32")
+    now = [point(4, 1e8, 0.1)]
+    for earlier, labelled in (([point(-1, 1.1e8, 0.1)], False), ([point(-1, 1e8, 0.0005)], True)):
+        fig = roofline_chart(c, now, earlier, "t")
+        texts = [t for tr in fig.data if tr.text is not None for t in tr.text if t]
+        assert texts.count("attn.decode") == (2 if labelled else 1), texts
+
+
 def test_labels_avoid_obstacles_and_give_up_rather_than_overlap() -> None:
     items = [(1.0, 1e9, "linear layers", True)]
     right_of_point = (0.0, 1.0, 8.9, 9.1)  # covers every spot right of (1, 1e9) in log units

@@ -206,8 +206,11 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
 
     # Current kernels are labelled first (to the right); the other steps only for the two families the
     # story is about (linear layers, attention), to the left, where there is room.
-    others_labelled = [p for p in earlier if p.family == "attention"
-                       or (p.family == "linear" and p.name not in FAMILY_OF)]  # the summed "linear layers" point
+    # Not one that sits under this step's point of the same name (a decode step beside the summed other
+    # decode steps): two "attn.decode" labels a few pixels apart read as a glitch.
+    others_labelled = [p for p in earlier if (p.family == "attention"
+                       or (p.family == "linear" and p.name not in FAMILY_OF))  # the summed "linear layers" point
+                       and not any(point_label(q) == point_label(p) and _near_in_log(p, q) for q in now)]
     items = [(p.intensity, p.flops_per_s, point_label(p), True) for p in now]
     items += [(p.intensity, p.flops_per_s, point_label(p), False) for p in others_labelled]
     markers = [CURRENT_MARKER] * len(now) + [EARLIER_MARKER] * len(others_labelled)
@@ -336,6 +339,14 @@ def step_latency_chart(history: list[StepRecord], selected: int) -> go.Figure:
     last = max((r.step for r in history), default=0)
     fig.update_xaxes(range=[-0.6, max(last, 7) + 0.6], dtick=1 if last <= 20 else None)
     return fig
+
+
+def _near_in_log(a: KernelPoint, b: KernelPoint, decades: float = 0.3) -> bool:
+    """Two points within `decades` of each other on both log axes."""
+    if min(a.intensity, b.intensity, a.flops_per_s, b.flops_per_s) <= 0:
+        return False
+    return (abs(math.log10(a.intensity / b.intensity)) < decades
+            and abs(math.log10(a.flops_per_s / b.flops_per_s)) < decades)
 
 
 def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:

@@ -158,7 +158,7 @@ def assert_metrics_fit(pg) -> None:  # noqa: ANN001
                             .map(e => e.getBoundingClientRect()).filter(b => b.height > 0);
                         const ys = v.map(b => b.bottom);
                         return ys.length > 1 && Math.max(...ys) - Math.min(...ys) > 3
-                            ? [r.innerText.replace(/\s+/g, ' ').slice(0, 80)] : []; })""")
+                            ? [r.innerText.replace(/\\s+/g, ' ').slice(0, 80)] : []; })""")
     assert not ragged, f"metric values not lined up in their row: {ragged}"
 
 

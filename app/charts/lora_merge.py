@@ -52,8 +52,8 @@ def step_time_figure(result: MergeResult) -> go.Figure:
     fig.update_layout(
         barmode="stack", bargap=0.25,
         title=dict(text="One decode step, merged and unmerged", subtitle=dict(
-            text="On top: the step's median (each part is its own median, so a stack can differ a little); "
-                 "B copies of the prompt on the adapter; in bold, unmerged's extra time over merged")),
+            text="Label: the step's median (parts are medians too, so a stack can differ); "
+                 "bold: unmerged's extra time")),
         yaxis=dict(title="ms per decode step", range=[0, top * 1.3]),
         xaxis=dict(title=None, tickfont=dict(size=14)),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0, traceorder="normal"), margin=dict(t=110, b=120))

@@ -184,9 +184,8 @@ def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
     fig.update_layout(
         barmode="overlay", bargap=0.3, uniformtext=dict(minsize=11, mode="hide"),
         title=dict(text=f"{len(run.tokens)} requests through {run.pp} pipeline stage{'s' if run.pp > 1 else ''}",
-                   subtitle=dict(text="Measured stage times laid out one GPU per stage; a wide enough bar "
-                                      "carries its decode step (hover for any). Gaps: a stage waiting for work "
-                                      "(the bubble)")),
+                   subtitle=dict(text="Measured stage times, one GPU per stage; a wide bar carries its decode "
+                                      "step. Gaps: a stage waiting for work (the bubble)")),
         xaxis=dict(title="ms (measured compute; hops assumed)", range=[0, end * 1.01]),
         yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=rows),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=100))

@@ -253,6 +253,7 @@ def plotly_count(pg) -> int:  # noqa: ANN001
 def shoot(pg, name: str) -> Path:  # noqa: ANN001
     """The whole page: Streamlit scrolls inside stMain, so grow the viewport to its height first."""
     before = pg.viewport_size
+    pg.mouse.move(0, 0)  # no hover tooltip of the last button clicked in the picture
     height = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     pg.set_viewport_size({"width": before["width"], "height": min(int(height), 9000)})
     settle_charts(pg)  # Plotly re-lays out on resize

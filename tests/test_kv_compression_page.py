@@ -90,6 +90,11 @@ def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     held = int(result.variants[0].cached_tokens[-1])
     assert frame.loc[3, "× smaller"] == pytest.approx(held / 16 / 2)
     assert frame.loc[1, "Bytes/token"] == pytest.approx(FORMATS["int4"].bytes_per_token(30, 3, 64))
+    # Where a text leaves the reference's, counted from 1 as on the other pages.
+    for i, r in enumerate(result.variants):
+        div = r.first_divergence(result.reference_tokens)
+        assert frame.loc[i, "Text leaves at"] == ("never" if div is None else f"token {div + 1}")
+    assert frame.loc[0, "Text leaves at"] == "never"
     tok = weights.tokenizer
     figures = [tradeoff_figure(result), kl_positions_figure(result, tok.decode_token),
                channel_figure(result), roundtrip_figure(result, list(FORMATS)), sink_figure(result, 3, ["x"] * 400)]

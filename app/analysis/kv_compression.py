@@ -114,7 +114,8 @@ def summary_frame(result: LabResult) -> pd.DataFrame:
             "× smaller": result.times_smaller(r),
             "Top-1 match": r.top1_agreement,
             "KL (nats)": r.mean_kl,
-            "Text leaves at": "never" if div is None else f"token {div}",
+            # Counted from 1, as the weight, activation, LoRA and latent-cache pages count.
+            "Text leaves at": "never" if div is None else f"token {div + 1}",
             "Attn ms": 1000 * r.attention_seconds,
         })
     return pd.DataFrame(rows)

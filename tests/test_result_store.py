@@ -17,7 +17,9 @@ from app import state
 from engine.result_store import StoredResult, entry_path, stored_result
 from engine.weight_quant.lab import LabSettings, stored_lab
 from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
-from tests.test_weight_quant_page import PAGE, PREFIX, SMALL
+from tests.test_weight_quant_page import PAGE, PREFIX
+
+ONE_METHOD = LabSettings(methods=("rtn",), bits=4, group=64, calibration_tokens=64, max_new_tokens=2)  # the cheapest run
 
 
 @pytest.fixture
@@ -109,7 +111,7 @@ def test_a_lab_run_is_kept_per_weights_and_settings(tiny_weights, folder) -> Non
 
 def test_a_restarted_server_shows_the_stored_run_and_says_so(random_app, folder, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(state, "_SERVER_RUNS", type(state._SERVER_RUNS)())
-    random_app.session_state[f"{PREFIX}-settings"] = SMALL
+    random_app.session_state[f"{PREFIX}-settings"] = ONE_METHOD
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert not any("disk cache" in c.value for c in at.caption)
@@ -120,7 +122,7 @@ def test_a_restarted_server_shows_the_stored_run_and_says_so(random_app, folder,
     monkeypatch.setattr(state, "_SERVER_RUNS", type(state._SERVER_RUNS)())
     monkeypatch.setattr(wq_lab, "run_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at = new_app()
-    at.session_state[f"{PREFIX}-settings"] = SMALL
+    at.session_state[f"{PREFIX}-settings"] = ONE_METHOD
     at = open_page(at, PAGE)
     assert_clean(at)
     assert [m.label for m in at.metric] == labels

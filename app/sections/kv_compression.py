@@ -201,7 +201,9 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
     frame = summary_frame(result)
     st.dataframe(in_percent_points(frame, "Top-1 match"), hide_index=True, width="stretch", column_config={
         "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
-                                                     "scales, zero points) over the tokens it holds"),
+                                                     "scales, zero points) over the tokens it holds; KIVI's "
+                                                     "newest keys wait in FP16 for a full group, so it is a "
+                                                     "little above the formula in “What fits”"),
         "Tokens": st.column_config.NumberColumn(help="tokens each KV head of every layer holds after the run"),
         "× smaller": st.column_config.NumberColumn(format="%.2f×", help="than a BF16 cache of every token: "
                                                    "quantization and eviction together"),

@@ -24,10 +24,12 @@ _BASE_CSS = """
   /* A row whose columns each hold one widget or one metric (no deltas) is lined up at the bottom: a label
      that wraps onto a second line ("Budget (max_num_batched_tokens)", "Context per sequence (cached tokens)")
      then grows upward instead of pushing its box or value below its neighbours'. Rows with more in a column
-     (a caption, a chart) or with metric deltas, whose heights differ, stay top-aligned. */
+     (a caption), with metric deltas, or with a tall element (a text area, a chart, a table), whose heights
+     differ for other reasons, stay top-aligned. */
   [data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] [data-testid="stWidgetLabel"],
   > [data-testid="stColumn"] [data-testid="stMetric"]):not(:has(> [data-testid="stColumn"] >
-  [data-testid="stVerticalBlock"] > :nth-child(2), [data-testid="stMetricDelta"])) > [data-testid="stColumn"] >
+  [data-testid="stVerticalBlock"] > :nth-child(2), [data-testid="stMetricDelta"], [data-testid="stTextArea"],
+  [data-testid="stPlotlyChart"], [data-testid="stDataFrame"])) > [data-testid="stColumn"] >
   [data-testid="stVerticalBlock"] { justify-content: flex-end; }
   /* Rows of five or more metrics: a smaller value, so "136 / 321" or "162 GFLOP/s" stays on one line at a
      projector's 1280 pixels. */

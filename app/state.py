@@ -17,7 +17,7 @@ from app.formatting import fmt_duration
 from app.runtime import device, dtype_name, server_engine_settings, shared_weights, weights_mode
 from app.scenarios import Scenario
 from app.session import EngineSession
-from engine.result_store import StoredResult
+from engine.result_store import StoredResult, computed_now
 from kernels.device_gate import DEVICE_GATE
 
 T = TypeVar("T")
@@ -146,14 +146,19 @@ def page_run(page: str, key: Hashable, run: Callable[[Any], T | StoredResult[T]]
             stored = _server_run(server_key, lambda: _as_stored(lambda: run(bar)))
         except Exception as e:  # noqa: BLE001 - the page must stay up, with the last run if there is one
             st.error(f"{failed}: {e}", icon=":material/error:")
-            return cache.get("result")
+            return _last_result(cache)
         finally:
             bar.empty()
-        cache.update(key=key, result=stored.value, stored=stored)
-    stored = cache["stored"]
-    if stored.from_disk:
-        st.caption(f":material/history: {stored_caption(stored)}")
-    return cache["result"]
+        cache.update(key=key, stored=stored)
+    if cache["stored"].from_disk:
+        st.caption(f":material/history: {stored_caption(cache['stored'])}")
+    return cache["stored"].value
+
+
+def _last_result(cache: dict) -> Any:
+    """The page cache's last result, None before any."""
+    stored = cache.get("stored")
+    return None if stored is None else stored.value
 
 
 def stored_caption(stored: StoredResult[Any]) -> str:
@@ -165,9 +170,9 @@ def stored_caption(stored: StoredResult[Any]) -> str:
 
 
 def _as_stored(run: Callable[[], T | StoredResult[T]]) -> StoredResult[T]:
-    t0 = time.perf_counter()
-    out = run()
-    return out if isinstance(out, StoredResult) else StoredResult(out, time.time(), time.perf_counter() - t0, False)
+    """A run's result with its provenance: the lab's own `StoredResult`, or a plain result timed now."""
+    out = computed_now(run)
+    return out.value if isinstance(out.value, StoredResult) else out
 
 
 def mark_requested(key: str) -> None:
@@ -180,7 +185,7 @@ def run_on_request(key: str, settings: Hashable, run: Callable[[Any], T | Stored
     """`page_run` for a section that runs only when asked (a lab below a page's live engine, too slow to run on
     every visit): until its form was submitted in this tab (`mark_requested`) and with nothing cached, `waiting` as
     a caption saying what the button does, and None."""
-    if not st.session_state.get(f"{key}-started") and page_cache(key).get("result") is None:
+    if not st.session_state.get(f"{key}-started") and _last_result(page_cache(key)) is None:
         st.caption(waiting)
         return None
     return page_run(key, settings, run, start_text, failed)

@@ -19,7 +19,8 @@ from engine.weight_quant.lab import LabSettings, stored_lab
 from tests.apptest_helpers import assert_clean, new_app, open_page, random_app  # noqa: F401 (fixture)
 from tests.test_weight_quant_page import PAGE, PREFIX
 
-ONE_METHOD = LabSettings(methods=("rtn",), bits=4, group=64, calibration_tokens=64, max_new_tokens=2)  # the cheapest run
+# The cheapest run: one method, two tokens.
+ONE_METHOD = LabSettings(methods=("rtn",), bits=4, group=64, calibration_tokens=64, max_new_tokens=2)
 
 
 @pytest.fixture

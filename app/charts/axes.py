@@ -47,8 +47,8 @@ def log_axis(si: bool = False) -> dict:
 
 
 def one_two_five_ticks(lo: float, hi: float) -> dict:
-    """Ticks at 1, 2 and 5 x 10^k (and 3 up to a span of 30x) in [lo, hi] (> 0), for a log axis that spans about a decade or less,
-    where `log_axis`'s one tick per power of ten left a single label ("10000") to read the points against.
+    """Ticks at 1, 2 and 5 x 10^k (and 3 up to a span of 30x) in [lo, hi] (> 0), for a short log axis, where
+    `log_axis`'s one tick per power of ten left a single label ("10000") to read the points against.
     Empty (keep `log_axis`'s) for a span over 2.5 decades, where they would crowd, or one with fewer than two
     such values in it; a span of 4x or more always has two."""
     if hi / lo > 10 ** 2.5:

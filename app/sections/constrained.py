@@ -266,7 +266,8 @@ def _masked_verdict(runs: list) -> str:
     cut = [r.mode for r in runs if not r.valid and r.finish_reason == "length"]
     broken = [f"{r.mode} (ended by {r.finish_reason})" for r in runs if not r.valid and r.finish_reason != "length"]
     if not cut and not broken:
-        return {1: "The masked run is valid.", 2: "Both masked runs are valid."}.get(len(runs), "Every masked run is valid.")
+        return {1: "The masked run is valid.", 2: "Both masked runs are valid."}.get(len(runs),
+                                                                                    "Every masked run is valid.")
     out = ""
     if cut:
         out += (f"{' and '.join(cut)} stopped at max tokens before the grammar was complete: the mask keeps the "
@@ -306,7 +307,8 @@ def compare_section(session: EngineSession, page: str) -> None:
                  if saved > 0 else f"Jump-forward saved no step here ({masked.steps} → {jf.steps})")
         if jf.text != masked.text:
             steps += ", and wrote a different text: forced text is computed as one chunk, which may round differently"
-        st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {_masked_verdict([r for r in runs if r.mode != MODES[0]])} {steps}; the "
+        verdict = _masked_verdict([r for r in runs if r.mode != MODES[0]])
+        st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {verdict} {steps}; the "
                    f"masks cost {1e3 * masked.mask_seconds:.1f} ms in all against {masked.wall_seconds:.2f} s of "
                    "engine time.")
     bench = load_bench()

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.disk_memo import disk_memo, state_fingerprint
+from engine.disk_memo import disk_memo
 from engine.engine import LLMEngine
 from engine.kv_compression.lab import first_difference
 from engine.model import release_prepared
 from engine.prompt_checks import check_new_tokens, check_prompt
-from engine.result_store import StoredResult, stored_run
+from engine.result_store import StoredResult, stored_run, weights_fingerprint
 from engine.sampling_params import SamplingParams
 from engine.state_memo import StateDictMemo
 from engine.weight_quant.awq import awq_quantize
@@ -180,7 +180,7 @@ def _write_reference_texts(weights: LoadedWeights, device: str, dtype: str) -> R
     generate = lambda: greedy_answers(weights, prompts, new_tokens, device, dtype)  # noqa: E731
     # The same weights write the same text every time: kept on disk, a restarted app or a second process
     # reads it instead of generating it again.
-    fingerprint = state_fingerprint(weights.state_dict)
+    fingerprint = weights_fingerprint(weights)  # hashed once per state dict, shared with the stored lab runs
     out = generate() if fingerprint is None else disk_memo(
         "reference-texts", {"weights": fingerprint, "prompts": prompts, "max_new_tokens": new_tokens,
                             "device": device, "dtype": dtype}, generate)

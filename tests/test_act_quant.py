@@ -15,7 +15,7 @@ from engine.act_quant.formats import (FORMATS, FP4_VALUES, FP8_MAX, fake_fp4, fa
 from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, VARIANTS, ActLabSettings, chat_only, channel_max, dense_greedy,
                                   prepare, run_lab, smoothing)
 from engine.act_quant.smoothquant import smooth, smooth_scales
-from engine.weight_quant.dense import LINEAR_INPUTS, sequence_logits, weight_key
+from engine.weight_quant.dense import LINEAR_INPUTS, greedy_answer, sequence_logits, weight_key
 from engine.weight_quant.lab import (activation_profile, build_eval_set, calibration_windows, fp32_state,
                                      reference_texts, score)
 
@@ -193,18 +193,28 @@ def test_the_lab_on_the_tiny_model(tiny_run, tiny_weights) -> None:  # noqa: ANN
 
 def test_the_answer_with_a_kv_cache_is_the_answer_rerunning_the_sequence(tiny_weights) -> None:  # noqa: ANN001
     """Every variant quantizes each token's activations without looking at the others' (static per-tensor scales,
-    NVFP4's included; per-token scales; block scales along the features), so its answer through a KV cache is
-    the answer rerunning the whole sequence each step (on this small model; on the real one an INT8 step tipped
-    by float rounding can part long answers, as between two engines)."""
+    NVFP4's included; per-token scales; block scales along the features): one row quantized alone is that row
+    quantized within the sequence, exactly, so its answer through a KV cache is the answer rerunning the whole
+    sequence each step. That answer check runs in fp64: in fp32 the cached step and the rerun sum in different
+    orders, and a code that rounding tips can part the answers where two tokens are near a tie (int8-sq did on
+    one CPU: logits 6.098 vs 6.077)."""
     texts = reference_texts(tiny_weights)
     act_max = channel_max(tiny_weights, calibration_windows(tiny_weights, "chat", 128, texts))
     scales = smoothing(tiny_weights, act_max, 0.5)
     prompt = tiny_weights.tokenizer.chat_prompt_ids("Why is the sky blue?")
+    cfg, eos = tiny_weights.config, set(tiny_weights.tokenizer.eos_token_ids)
     assert dense_greedy(tiny_weights, prompt, 10) == dense_greedy(tiny_weights, prompt, 10, whole_sequence=True)
+    rows = torch.randn(6, 64, generator=torch.Generator().manual_seed(1)) * 3
+    rows[2, 5] = 40.0  # an outlier channel in one token: a per-tensor scale from the tensor itself would move
     for variant in VARIANTS.values():
         run = prepare(tiny_weights, variant, act_max, scales)
-        assert (dense_greedy(run.weights, prompt, 10, run.act)
-                == dense_greedy(run.weights, prompt, 10, run.act, whole_sequence=True)), variant.key
+        if run.act is not None:
+            together = run.act(0, "qkv", rows)
+            assert all(torch.equal(run.act(0, "qkv", rows[i:i + 1]), together[i:i + 1]) for i in range(6)), variant.key
+        sd64 = {k: v.double() for k, v in run.weights.state_dict.items()}
+        cached = greedy_answer(cfg, sd64, prompt, 10, eos, run.act)
+        assert len(cached) == 10 and cached == greedy_answer(cfg, sd64, prompt, 10, eos, run.act,
+                                                             whole_sequence=True), variant.key
     # Why NVFP4's per-tensor scale is calibrated, not taken from the tensor: with x's own range one token's row
     # quantized alone is not that row quantized within the sequence; with the static range it is.
     x = torch.randn(12, 64, generator=torch.Generator().manual_seed(0))

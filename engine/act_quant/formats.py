@@ -89,7 +89,7 @@ def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x rounded to FP8 E4M3 after dividing by `scale` (saturating at ±448: the cast alone would give NaN)."""
     y = torch.clamp(x / scale, -FP8_MAX, FP8_MAX)
-    return y.to(torch.float8_e4m3fn).float() * scale
+    return y.to(torch.float8_e4m3fn).to(y.dtype) * scale
 
 
 def round_e2m1(y: torch.Tensor) -> torch.Tensor:
@@ -140,10 +140,11 @@ def scale_for(fmt: FormatName, amax: torch.Tensor) -> torch.Tensor:
 
 def fake_quant(x: torch.Tensor, fmt: FormatName, granularity: Granularity = "tensor",
                amax: torch.Tensor | None = None) -> torch.Tensor:
-    """x [rows, in] quantized to `fmt` and dequantized (fp32). INT8 and FP8: one scale per tensor or per row,
-    from x's own largest |x| (dynamic) or from `amax` (static, e.g. calibrated; what lies beyond it clips).
-    FP4 formats: their block scales (granularity does not apply; `amax` sets NVFP4's per-tensor scale)."""
-    x = x.float()
+    """x [rows, in] quantized to `fmt` and dequantized (fp32, or fp64 for fp64 x: a test runs the dense pass in
+    fp64 so that float rounding cannot tip a code). INT8 and FP8: one scale per tensor or per row, from x's own
+    largest |x| (dynamic) or from `amax` (static, e.g. calibrated; what lies beyond it clips). FP4 formats: their
+    block scales (granularity does not apply; `amax` sets NVFP4's per-tensor scale)."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     if fmt in ("nvfp4", "mxfp4"):
         return fake_fp4(x, fmt, amax)
     if fmt not in ("int8", "fp8"):

@@ -131,6 +131,12 @@ def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> Non
     # Five labels in a row fit one line each on a 1280 px projector in presentation mode.
     assert all(len(label) <= 18 for label in list(metrics)[:5]), list(metrics)
     assert metrics["This step"].delta == "tokens / rounds"
+    # The benchmark table shows one workload at a time, all its rows (the tree drafters among them).
+    bench = next(d.value for d in at.dataframe if "tokens per pass (τ)" in d.value.columns)
+    assert "workload" not in bench.columns and {"Medusa heads", "EAGLE layer"} <= set(bench["drafter"])
+    at.segmented_control(key="tree-bench-workload").set_value("unseen").run()
+    unseen = next(d.value for d in at.dataframe if "tokens per pass (τ)" in d.value.columns)
+    assert len(unseen) == len(bench) and not unseen.equals(bench)
     at.slider(key="tree-scrub").set_value(0).run()
     assert_clean(at)
     at.selectbox(key="tree-tree-drafter").set_value("medusa")

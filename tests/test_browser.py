@@ -533,7 +533,7 @@ def test_kv_cache_latent_section(server, page) -> None:  # noqa: ANN001
     before = charts.count()
     page.locator(".st-key-kv-mla-tokens input").fill("8")  # the answers are the part of the run that scales
     click_button(page, "Factor, score and answer")
-    page.wait_for_selector('[data-testid="stMetric"]:has-text("Numbers cached per token and layer")')
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("Numbers per token")')
     settle_charts(page)
     assert_clean(page)
     assert page.locator(".kvl-row").count() == 3

@@ -116,6 +116,10 @@ def test_page_under_apptest(random_app) -> None:  # noqa: ANN001
     session = session_of(at, PREFIX)
     assert len(session.records) == 3
     assert any("Adapters in the batch" in m.label for m in at.metric)
+    # Every request's answer so far, whole, in a static table (a grid cut long answers at its edge).
+    answers = next(t.value for t in at.table if "answer so far" in t.value.columns)
+    assert list(answers.index) == [q.request_id for q in session.records[-1].requests]
+    assert all(text == q.text for text, q in zip(answers["answer so far"], session.records[-1].requests))
     # A scenario naming an adapter the engine does not have: a message, and the other requests still run.
     data = {"name": "Unknown adapter", "engine": {"max_loras": 1, "max_lora_rank": 8},
             "requests": [{"prompt": "Hi", "max_tokens": 3, "adapter": "nope"},

@@ -8,7 +8,8 @@ from streamlit.testing.v1 import AppTest
 from engine.test_time import load_tasks
 from engine.tokenizer import default_tokenizer
 
-from app.analysis.test_time import check_settings, library, sample_rows, task_settings
+from app.analysis.test_time import (answer_counts, check_settings, library, sample_rows, still_writing,
+                                    task_settings)
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
 
@@ -57,6 +58,10 @@ def test_page_steps_samples_and_scrubs(random_app: AppTest) -> None:
     assert view["truth"] == load_tasks()[0].answer
     rows = sample_rows(view)
     assert len(rows) == 8 and all(r["tokens"] == 3 for r in rows)
+    # Every sample still writes after three tokens: a vote is provisional, and the page says so.
+    assert still_writing(view) == 8 and "Majority vote so far" in metrics
+    assert all(r["answer"] == "–" or r["answer"].endswith(" so far") for r in rows)
+    assert answer_counts(view, finished_only=True) == {}
     assert len(at.get("plotly_chart")) >= 2  # block tables and the answer votes
     at.slider(key=f"{PREFIX}-scrub").set_value(0).run()
     assert_clean(at)
@@ -130,3 +135,13 @@ def test_closed_form_pass_at_n_uses_each_questions_p() -> None:
     assert [closed[k] for k in (1, 2, 4, 8)] == sorted(closed[k] for k in (1, 2, 4, 8))
     points = accuracy_curve(run, (1, 2, 4, 8))
     assert oracle_at(points, 1) == closed[1] and oracle_at(points, 8) == 2 / 3  # the one hopeless question stays wrong
+
+
+def test_votes_of_running_samples_are_drawn_apart_from_final_ones() -> None:
+    from app.charts.test_time import answer_votes_figure
+    fig = answer_votes_figure({"4": 3, "5": 1}, "4", finished={"4": 1})
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [list(b.y) for b in bars] == [[1, 0], [2, 1]] and fig.layout.barmode == "stack"
+    assert "still writing" in fig.layout.title.subtitle.text
+    final = answer_votes_figure({"4": 3}, "4")
+    assert len([t for t in final.data if t.type == "bar"]) == 1 and "still writing" not in final.layout.title.subtitle.text

@@ -13,6 +13,13 @@ def step_ticks(records: list[StepRecord] | int, max_ticks: int = 16) -> dict:
     return {"tick0": 0, "dtick": max(1, math.ceil(n / max_ticks))}
 
 
+def step_range(last_step: int | None) -> dict:
+    """An 'engine step' axis from step 0 to `last_step` (at least 1), half a step of room each side. Around a
+    single point, e.g. the timeline scrubbed back to step 0, Plotly's own range ran from -1 to 1: a negative
+    step on the axis and the one point lost on the edge of an empty chart."""
+    return {"range": [-0.5, max(last_step or 0, 1) + 0.5]}
+
+
 def index_ticks(count: int, max_labels: int = 10) -> dict:
     """Integer ticks for an axis of `count` token or tile indices: every 1, 2, 5, 10, 20, ... so at most
     `max_labels` labels, never rotated. Plotly's own ticks put 0.5 steps (or -0.4 ... 0.4 around a single

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from engine.trace import StepRecord
 
 from app.analysis.trace_metrics import block_fills
-from app.charts.axes import step_ticks
+from app.charts.axes import step_range, step_ticks
 from app.charts.colors import ink_on, owner_color, tint
 from app.theme import BASELINE_COLOR, FREE_COLOR, MUTED, SHARED_COLOR, TECHNIQUE_COLOR
 
@@ -89,6 +89,5 @@ def waste_over_time(records: list[StepRecord]) -> go.Figure:
     fig.update_layout(title="Reserved but unused KV slots (measured each step)", xaxis_title="engine step",
                       yaxis_title="% of reserved slots wasted", yaxis_range=[0, 105], hovermode="x unified")
     fig.add_hline(y=0, line=dict(color=MUTED, width=1))
-    # Never below step 0: after the first step Plotly spanned -1 to 1 around the one point.
-    fig.update_xaxes(rangemode="nonnegative", **step_ticks(records))
+    fig.update_xaxes(**step_ticks(records), **step_range(max((r.step for r in records), default=0)))
     return fig

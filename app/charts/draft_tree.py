@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 from app.analysis.radix import tidy_layout
 from app.analysis.speculative import DrafterRun, speedup_vs_plain
 from app.analysis.tree_spec import FINAL, ROOT, TreePoint, VerifyCost, draft_tree_graph, mask_labels, round_tree
-from app.charts.axes import step_ticks
+from app.charts.axes import step_range, step_ticks
 from app.charts.speculative import ACCEPTED, BONUS, REJECTED, RESAMPLED, UNVERIFIED
 from app.theme import MUTED, TREE_LABEL_PX
 
@@ -148,7 +148,7 @@ def tokens_per_round_figure(points: list[TreePoint], selected: int | None = None
     fig.update_layout(title=dict(text="Tokens per target pass", subtitle=dict(text="accepted path + 1, every round")),
                       xaxis_title="engine step",
                       yaxis=dict(title="tokens", range=[0, top + 0.5], dtick=1))
-    fig.update_xaxes(**step_ticks(max(num_steps, 1)))
+    fig.update_xaxes(**step_ticks(max(num_steps, 1)), **step_range(num_steps - 1))
     return fig
 
 

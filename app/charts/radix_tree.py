@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.analysis.radix import CachePoint, CacheRun, tidy_layout, tree_graph
-from app.charts.axes import step_ticks
+from app.charts.axes import step_range, step_ticks
 from app.charts.colors import tint
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, TREE_LABEL_PX
 
@@ -209,7 +209,8 @@ def cache_series_figure(points: list[CachePoint], selected: int | None = None) -
             fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2), row=1, col=col)
     fig.update_yaxes(title_text="tokens", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
-    fig.update_xaxes(title_text="engine step", **step_ticks(len(points)))
+    fig.update_xaxes(title_text="engine step", **step_ticks(len(points)),
+                     **step_range(max([p.step for p in points] + [selected or 0])))
     fig.update_layout(legend=dict(yanchor="top", y=-0.2, xanchor="left", x=0.0), margin=dict(t=60, b=90))
     return fig
 

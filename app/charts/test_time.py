@@ -79,20 +79,34 @@ def thinking_budget_figure(samples: Sequence[dict[str, Any]], budget: dict[str, 
     return fig
 
 
-def answer_votes_figure(counts: dict[str, int], truth: str | None) -> go.Figure:
-    """Self-consistency as a bar per distinct answer; the right one (when known) in the technique colour."""
+def answer_votes_figure(counts: dict[str, int], truth: str | None, finished: dict[str, int] | None = None) -> go.Figure:
+    """Self-consistency as a bar per distinct answer; the right one (when known) in the technique colour.
+    `finished`: the votes of samples that have ended (default: all of `counts`); the rest of each bar, faded,
+    is running samples' answers so far, which may still change."""
     answers = list(counts)
+    done = counts if finished is None else finished
     colors = [TECHNIQUE_COLOR if truth is not None and a == truth else MUTED for a in answers]
-    fig = go.Figure(go.Bar(x=[f"“{a}”" for a in answers], y=[counts[a] for a in answers], marker_color=colors,
-                           text=[counts[a] for a in answers], textposition="outside", cliponaxis=False,
-                           hovertemplate="answer %{x}: %{y} samples<extra></extra>"))
+    fig = go.Figure(go.Bar(x=[f"“{a}”" for a in answers], y=[done.get(a, 0) for a in answers], marker_color=colors,
+                           name="finished samples",
+                           hovertemplate="answer %{x}: %{y} finished samples<extra></extra>"))
+    provisional = [counts[a] - done.get(a, 0) for a in answers]
+    if any(provisional):
+        fig.add_bar(x=[f"“{a}”" for a in answers], y=provisional, marker=dict(color=colors, opacity=0.35,
+                    pattern=dict(shape="/", fgcolor="white")), name="still writing (answer so far)",
+                    hovertemplate="answer %{x}: %{y} running samples, answer so far<extra></extra>")
+    fig.add_scatter(x=[f"“{a}”" for a in answers], y=[counts[a] for a in answers], mode="text",
+                    text=[counts[a] for a in answers], textposition="top center", showlegend=False,
+                    hoverinfo="skip", cliponaxis=False)
     if truth is None:
         sub = "free-form prompt: the right answer is unknown"
     else:
         sub = f"right answer: {truth} " + ("(green)" if truth in counts else "(no sample reached it)")
+    if any(provisional):
+        sub += "; faded: samples still writing"
     top = max(counts.values(), default=1)
-    fig.update_layout(title=dict(text="Votes per final answer", subtitle=dict(text=sub)),
+    fig.update_layout(title=dict(text="Votes per final answer", subtitle=dict(text=sub)), barmode="stack",
                       xaxis=dict(title="final answer", type="category"),
                       yaxis=dict(title="samples", range=[0, top * 1.25 + 0.5], dtick=1 if top <= 8 else None),
-                      margin=dict(l=70, r=20, t=90, b=60), showlegend=False)
+                      margin=dict(l=70, r=20, t=90, b=60), showlegend=any(provisional),
+                      legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0))
     return fig

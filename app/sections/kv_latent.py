@@ -159,11 +159,11 @@ def _answers(result: LatentLabResult) -> None:
     full, chosen, mqa = result.answers
     c = st.columns(4)
     per = chosen.run.cache_numbers_per_token // result.layers
-    c[0].metric("Numbers cached per token and layer", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
-                delta_color="inverse", help="what the latent decoder's cache tensors hold for each token")
+    c[0].metric("Numbers per token", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
+                delta_color="inverse", help="what the latent decoder's cache tensors hold for each token, per layer")
     c[1].metric("Per token at bf16", human_bytes(chosen.run.cache_numbers_per_token * BF16),
                 help=f"GQA as trained: {human_bytes(full.run.cache_numbers_per_token * BF16)}")
-    c[2].metric("Cache tensors after the answer", human_bytes(chosen.run.cache_bytes),
+    c[2].metric("Cache after the answer", human_bytes(chosen.run.cache_bytes),
                 help="measured: the bytes of the latent decoder's cache tensors (fp32 here) once the answer is "
                      f"written; the model as trained held {human_bytes(full.run.cache_bytes)} for its answer")
     c[3].metric("Rebuilding K from latents", f"{chosen.run.rebuild_flops / 1e9:.2f} GFLOP",
@@ -175,8 +175,14 @@ def _answers(result: LatentLabResult) -> None:
                 decode, "kvl")
     words = []
     for a in (chosen, mqa):
-        words.append(f"{a.label[:1].upper()}{a.label[1:]}: " + ("the same answer" if a.differs_at is None
-                                       else f"leaves the trained model's answer at token {a.differs_at + 1}"))
+        said = ("the same answer" if a.differs_at is None
+                else f"leaves the trained model's answer at token {a.differs_at + 1}")
+        # A broken cache can make the model write one token over and over ("--------" for MQA here): say it is
+        # the model's real output, or the row reads like a placeholder.
+        tokens = list(a.run.tokens)
+        if len(tokens) >= 4 and len(set(tokens)) == 1:
+            said += f" and writes {decode(tokens[:1])!r} {len(tokens)} times: the model's real output, collapsed"
+        words.append(f"{a.label[:1].upper()}{a.label[1:]}: {said}")
     st.caption("Greedy, from the prompt in ChatML. Plain text matches the model as trained (its cache rebuilt "
                "from K and V themselves); the highlighted rest is where an answer leaves it. " + "; ".join(words) + ".")
 

@@ -102,8 +102,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
 def answers_table(session: EngineSession, record: StepRecord) -> None:
     rows = [{"request": q.request_id, "adapter": adapter_of(session, q.request_id), "status": q.status,
              "generated": q.output_len, "answer so far": q.text} for q in record.requests]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={"answer so far": st.column_config.TextColumn(width="large")})
+    # A static table, so each answer wraps onto as many lines as it needs: a data grid cut 40-token answers
+    # off at the column's edge.
+    st.table(pd.DataFrame(rows).set_index("request"))
 
 
 def comparison_section(session: EngineSession, page: str) -> None:

@@ -13,7 +13,7 @@ from engine.trace import StepRecord
 
 from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MODES, RunSettings, answer_counts,
                                     check_settings, load_bench, oracle_at, pass_at_n_closed_form, picks_by_sample,
-                                    request_view, sample_rows, task_settings)
+                                    request_view, sample_rows, still_writing, task_settings)
 from app.charts.block_tables import block_table_grid
 from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thinking_budget_figure
 from app.formatting import fmt_duration, plural, step_line
@@ -165,9 +165,13 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     def _answer(idx: int | None) -> str:
         return "–" if idx is None or samples[idx]["answer"] is None else samples[idx]["answer"]
 
-    m[4].metric("Majority vote", _answer(picks["majority"]))
-    m[5].metric("Self-certainty pick", _answer(picks["self_certainty"]),
-                help="the answer of the sample with the highest mean log-probability")
+    writing = still_writing(view)
+    so_far = (f" so far ({writing} of {len(samples)} still writing: each counts the answer in its text so far, "
+              "which may change; final once all have ended)") if writing else ""
+    m[4].metric("Majority vote" + (" so far" if writing else ""), _answer(picks["majority"]),
+                help="the most frequent final answer (self-consistency)" + so_far)
+    m[5].metric("Self-certainty pick" + (" so far" if writing else ""), _answer(picks["self_certainty"]),
+                help="the answer of the sample with the highest mean log-probability" + so_far)
     truth = view["truth"]
     if truth is not None:
         right = {k: (v is not None and samples[v]["correct"]) for k, v in picks.items()}
@@ -185,7 +189,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
             show_figure(thinking_budget_figure(samples, view["budget"]), key="ttc-budget", height=360,
                         export_width=700)
         else:
-            show_figure(answer_votes_figure(counts, truth), key="ttc-votes", height=360, export_width=700)
+            show_figure(answer_votes_figure(counts, truth, answer_counts(view, finished_only=True)), key="ttc-votes",
+                        height=360, export_width=700)
     text, num = st.column_config.TextColumn, st.column_config.NumberColumn
     # Set widths, so that "picked by" keeps room for all three rules ("majority vote, self-certainty, oracle")
     # instead of an even share of the row that cut it after the first.

@@ -184,8 +184,14 @@ def bench_section() -> None:
         st.caption(f"`{bench.get('command')}` · greedy, batch 1, {per} prompts per workload, {bench.get('max_tokens')} "
                    "new tokens per prompt; 'unseen' prompts are on topics and in phrasings the heads were not "
                    "trained on.")
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
-            c: st.column_config.NumberColumn(c, format="%.2f") for c in ("tokens per pass (τ)", "speedup")})
+        # One workload at a time, every row of it in view: all of them at once scrolled inside a fixed height,
+        # and the tree drafters (the rows this page is about) sat below the fold.
+        workloads = list(dict.fromkeys(r["workload"] for r in rows))
+        shown = st.segmented_control("Workload", workloads, default=workloads[0], key="tree-bench-workload") \
+            or workloads[0]
+        st.dataframe(pd.DataFrame([r for r in rows if r["workload"] == shown]).drop(columns="workload"),
+                     hide_index=True, width="stretch", height="content", column_config={
+                         c: st.column_config.NumberColumn(c, format="%.2f") for c in ("tokens per pass (τ)", "speedup")})
 
 
 def training_section() -> None:

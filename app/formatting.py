@@ -2,6 +2,7 @@
 their noun in the right number."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -51,3 +52,12 @@ def step_line(record: StepRecord, parts: Sequence[str], tail: str = "") -> str:
     """One line for a step's batch: what it computed, in how long, then one part per request (and a tail)."""
     return (f":material/memory: Step {record.step} computed {plural(record.num_batched_tokens, 'token')} in "
             f"{fmt_duration(record.wall_seconds)}: " + " · ".join(parts) + tail)
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|$<>~])")
+
+
+def literal_markdown(text: str) -> str:
+    """Model text for a cell that renders Markdown (st.table): every Markdown character escaped and newlines as
+    ⏎, so a '- ' answer stays a dash instead of becoming a bullet list, and '$' never starts a formula."""
+    return _MARKDOWN.sub(r"\\\1", text).replace("\n", " ⏎ ")

@@ -65,9 +65,13 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     random_app.session_state[f"{PREFIX}-settings"] = SMALL
     at = open_page(random_app, PAGE)
     assert_clean(at)
-    assert [s.value for s in at.subheader] == ["The difficulty: a few channels hundreds of times larger",
-                                               "What each format keeps", "What each format answers",
-                                               "Why it matters"]
+    heads = [s.value for s in at.subheader]
+    assert heads[0].startswith("The difficulty: a few channels up to ") and heads[0].endswith("× the median")
+    assert heads[1:] == ["What each format keeps", "What each format answers", "Why it matters"]
+    # The heading's ratio is the run's largest, and the chart opens on the input that has it.
+    top = max(at.session_state[f"page-cache:{PREFIX}"]["stored"].value.outliers, key=lambda r: r.max_ratio)
+    assert heads[0] == f"The difficulty: a few channels up to {top.max_ratio:,.0f}× the median"
+    assert at.selectbox(key=f"{PREFIX}-input").value == top.input
     assert len(at.get("plotly_chart")) == 4  # channels, ratios, distance, alpha sweep
     text = " ".join(c.value for c in at.caption)
     assert "simulated in fp32" in text and "not measured here" in text

@@ -124,3 +124,11 @@ def test_ticks_up_to_are_two_or_three_round_ones_below_the_top(top: float) -> No
     ticks = ticks_up_to(top)
     assert ticks[0] == 0 and 2 <= len(ticks) <= 3 and ticks[-1] <= top
     assert nice_at_least(ticks[1]) == ticks[1] and all(t == ticks[1] * i for i, t in enumerate(ticks))
+
+
+def test_decade_ticks_write_small_powers_as_powers_and_an_exact_zero_as_0() -> None:
+    from app.charts.axes import decade_ticks
+    t = decade_ticks(3e-7, 5, zero_at=1e-6)
+    assert t["tickvals"] == pytest.approx([1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0])
+    assert t["ticktext"] == ["0", "10⁻⁵", "10⁻⁴", "0.001", "0.01", "0.1", "1"]
+    assert decade_ticks(20, 30000)["ticktext"] == ["100", "1000", "10⁴"]

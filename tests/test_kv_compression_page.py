@@ -16,7 +16,7 @@ from app.analysis.kv_compression import (PRESETS, REFERENCE, kept_counts, memory
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure)
 from app.registry import PAGES
-from app.widgets.answer_rows import text_segments
+from app.widgets.answer_rows import answer_rows_html, text_segments
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
 PAGE, PREFIX = "13_kv_compression.py", "kvq"
@@ -88,7 +88,7 @@ def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     assert frame.loc[3, "Tokens"] == 16
     # Eviction shrinks the cache as surely as fewer bits: 16 of the reference's tokens, in FP32.
     held = int(result.variants[0].cached_tokens[-1])
-    assert frame.loc[3, "× smaller"] == pytest.approx(held / 16 / 2)
+    assert frame.loc[3, "Size vs BF16"] == pytest.approx(2 * 16 / held) and frame.loc[0, "Size vs BF16"] == 2
     assert frame.loc[1, "Bytes/token"] == pytest.approx(FORMATS["int4"].bytes_per_token(30, 3, 64))
     # Where a text leaves the reference's, counted from 1 as on the other pages.
     for i, r in enumerate(result.variants):
@@ -171,3 +171,13 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     at.text_area(key=f"{PREFIX}-prompt").set_value("word " * 2000)
     at.button(key=SUBMIT).click().run()
     assert any("at most 1536" in e.value for e in at.error) and len(_summary(at)) == 4
+
+
+def test_answer_rows_keep_each_answer_on_its_own_row() -> None:
+    """A newline in an answer is a grey ⏎ inside its row: raw line breaks left blank gaps (and a blank line once
+    ended the HTML block, dropping the rest of the answer out of its row)."""
+    words = {1: "Hi", 2: "\n\n", 3: "there", 4: "<b>"}
+    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    out = answer_rows_html([("full", "#000", [1, 2, 3]), ("other", "#111", [1, 2, 4])], [1, 2, 3], decode, "t")
+    assert "\n" not in out and out.count('class="t-row"') == 2 and out.count("⏎") == 4
+    assert "&lt;b&gt;" in out and '<span class="t-diff">&lt;b&gt;</span>' in out

@@ -11,6 +11,7 @@ import pytest
 import app.analysis.multi_lora as ml
 from app.analysis.multi_lora import (compare_deployments, row_segments, slot_history, summarize, waiting_steps)
 from app.charts.multi_lora import adapter_timeline, batch_rows_figure, comparison_figure, slots_figure
+from app.formatting import literal_markdown
 from app.registry import PAGES
 from app.scenario_library import MULTI_LORA
 from app.scenarios import RequestSpec, Scenario, scenario_from_json
@@ -119,7 +120,8 @@ def test_page_under_apptest(random_app) -> None:  # noqa: ANN001
     # Every request's answer so far, whole, in a static table (a grid cut long answers at its edge).
     answers = next(t.value for t in at.table if "answer so far" in t.value.columns)
     assert list(answers.index) == [q.request_id for q in session.records[-1].requests]
-    assert all(text == q.text for text, q in zip(answers["answer so far"], session.records[-1].requests))
+    assert all(text == literal_markdown(q.text)
+               for text, q in zip(answers["answer so far"], session.records[-1].requests))
     # A scenario naming an adapter the engine does not have: a message, and the other requests still run.
     data = {"name": "Unknown adapter", "engine": {"max_loras": 1, "max_lora_rank": 8},
             "requests": [{"prompt": "Hi", "max_tokens": 3, "adapter": "nope"},

@@ -111,7 +111,7 @@ def summary_frame(result: LabResult) -> pd.DataFrame:
             "Variant": ("Reference: " if r.is_reference else "") + r.variant.label,
             "Bytes/token": r.bytes_per_token,
             "Tokens": int(r.cached_tokens[-1]),
-            "× smaller": result.times_smaller(r),
+            "Size vs BF16": result.size_vs_bf16(r),
             "Top-1 match": r.top1_agreement,
             "KL (nats)": r.mean_kl,
             # Counted from 1, as the weight, activation, LoRA and latent-cache pages count.

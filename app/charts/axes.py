@@ -53,6 +53,29 @@ def log_axis(si: bool = False) -> dict:
             "minor": {"dtick": "D1", "showgrid": True, "gridcolor": "rgba(0,0,0,0.04)"}}
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_label(exponent: int) -> str:
+    """10^k as a tick reads it: plain from 0.001 to 1000, '10⁻⁶' beyond (not '0.000001', which has to be counted)."""
+    if -3 <= exponent <= 3:
+        return f"{10.0 ** exponent:g}"
+    return "10" + str(exponent).translate(_SUPERSCRIPT)
+
+
+def decade_ticks(lo: float, hi: float, zero_at: float | None = None) -> dict:
+    """One labelled tick per power of ten in [lo, hi] (> 0) on a log axis, written by `power_label`. `zero_at`:
+    where a chart draws an exact zero (a log axis has none); that tick reads '0' instead of its power."""
+    first, last = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9)
+    vals = [10.0 ** k for k in range(first, last + 1)]
+    text = [power_label(k) for k in range(first, last + 1)]
+    if zero_at is not None:
+        k = round(math.log10(zero_at))
+        if first <= k <= last:
+            text[k - first] = "0"
+    return {"tickmode": "array", "tickvals": vals, "ticktext": text}
+
+
 def one_two_five_ticks(lo: float, hi: float) -> dict:
     """Ticks at 1, 2 and 5 x 10^k (and 3 up to a span of 30x) in [lo, hi] (> 0), for a short log axis, where
     `log_axis`'s one tick per power of ten left a single label ("10000") to read the points against.

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from engine.kv_compression import FORMATS, LabResult
 
-from app.charts.axes import index_ticks, log_axis, one_two_five_ticks
+from app.charts.axes import decade_ticks, index_ticks, log_axis, one_two_five_ticks
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 # Okabe-Ito, in the order variants are listed (the reference is grey).
@@ -51,7 +51,10 @@ def tradeoff_figure(result: LabResult) -> go.Figure:
         xaxis=dict(title="cache after the run (KiB: K and V of every layer, scales included)",
                    **{**log_axis(), **one_two_five_ticks(min(kib) / 10 ** 0.15, max(kib) * 10 ** 0.15)},
                    range=[math.log10(min(kib)) - 0.15, math.log10(max(kib)) + 0.15]),
-        yaxis=dict(title="mean KL from the reference (nats)", **log_axis(),
+        yaxis=dict(title="mean KL from the reference (nats)",
+                   **{**log_axis(), **decade_ticks(min(kls) / 10 ** 0.5, max(kls) * 10 ** 0.5,
+                                                   zero_at=KL_FLOOR if min(r.mean_kl for r in result.variants) <= 0
+                                                   else None)},
                    range=[math.log10(min(kls)) - 0.5, math.log10(max(kls)) + 0.5]))
     return fig
 
@@ -60,11 +63,13 @@ def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> 
     """KL(reference || variant) at every generated position, each variant fed the reference's tokens."""
     fig = go.Figure()
     ref = result.reference_tokens
+    every_y: list[float] = []
     for i, r in enumerate(result.variants):
         if r.is_reference:
             continue
         xs = list(range(1, len(r.kl)))
         ys = [max(float(k), KL_FLOOR) for k in r.kl[1:]]
+        every_y += ys
         agree = r.matches[1:]
         hover = [f"{token_text(ref[x])!r} · KL {r.kl[x]:.2g}" + ("" if a else f" · its top: {token_text(int(r.forced_argmax[x]))!r}")
                  for x, a in zip(xs, agree)]
@@ -76,7 +81,9 @@ def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> 
     fig.update_layout(title=dict(text="How far each cache moved the next-token distribution", subtitle=dict(
         text="Every variant fed the reference's text; × = its top token was a different one")),
         xaxis=dict(title="generated token", **index_ticks(len(ref))),
-        yaxis=dict(title="KL from the reference (nats)", **log_axis()))
+        yaxis=dict(title="KL from the reference (nats)", **log_axis(),
+                   # Padded a decade each way, about where Plotly's own range would end.
+                   **(decade_ticks(min(every_y) / 10, max(every_y) * 10) if every_y else {})))
     return fig
 
 

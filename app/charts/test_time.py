@@ -101,12 +101,11 @@ def answer_votes_figure(counts: dict[str, int], truth: str | None, finished: dic
         sub = "free-form prompt: the right answer is unknown"
     else:
         sub = f"right answer: {truth} " + ("(green)" if truth in counts else "(no sample reached it)")
-    if any(provisional):
-        sub += "; faded: samples still writing"
     top = max(counts.values(), default=1)
     fig.update_layout(title=dict(text="Votes per final answer", subtitle=dict(text=sub)), barmode="stack",
                       xaxis=dict(title="final answer", type="category"),
                       yaxis=dict(title="samples", range=[0, top * 1.25 + 0.5], dtick=1 if top <= 8 else None),
-                      margin=dict(l=70, r=20, t=90, b=60), showlegend=any(provisional),
-                      legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0))
+                      margin=dict(l=70, r=20, t=120 if any(provisional) else 90, b=60), showlegend=any(provisional),
+                      # Above the bars, under the subtitle: below the axis it met the answers' labels.
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
     return fig

@@ -32,8 +32,8 @@ def aq_explanation() -> None:
          "(the activations) must be on the grid: FP8 E4M3 (largest value 448, 3 mantissa bits), INT8, or FP4 "
          "E2M1 (only ±0, 0.5, 1, 1.5, 2, 3, 4, 6), which needs a scale per small block.",
          "Weights are easy: fixed, smooth, per output channel. Activations are not: **a few input channels are "
-         "hundreds of times larger than the rest**, on every token. One scale per tensor must cover them, and "
-         "every other channel is left a handful of levels (or rounds to zero).",
+         "tens to hundreds of times larger than the rest**, on every token. One scale per tensor must cover "
+         "them, and every other channel is left a handful of levels (or rounds to zero).",
          "**Per-token** scales help a little (each row its own max); **block scales** (FP4) isolate an outlier "
          "to its block of 16 or 32; **SmoothQuant** divides each channel by s_j and multiplies the weights' "
          "column by it, the same product, so the outliers move into the weights, which take them better.",
@@ -97,10 +97,15 @@ def get_result(page: str, s: ActLabSettings) -> ActLabResult | None:
 # ---- results -------------------------------------------------------------------------------------
 
 def outliers_section(result: ActLabResult, page: str) -> None:
-    st.subheader("The difficulty: a few channels hundreds of times larger")
+    # The heading's number and the chart's first view come from the run: a fixed "hundreds of times" sat above a
+    # default view (the first input) whose largest channel was 30x the median.
+    top = max(result.outliers, key=lambda r: r.max_ratio)
+    st.subheader(f"The difficulty: a few channels up to {top.max_ratio:,.0f}× the median")
     cfg = shared_weights().config
     c = st.columns([1.3, 1, 2])
-    inp = c[0].selectbox("Layer input", list(INPUT_LABELS), format_func=INPUT_LABELS.get, key=f"{page}-input")
+    inputs = list(INPUT_LABELS)
+    inp = c[0].selectbox("Layer input", inputs, index=inputs.index(top.input), format_func=INPUT_LABELS.get,
+                         key=f"{page}-input")
     stat = c[1].radio("Per channel", ["max", "mean"], format_func=STAT_LABELS.get, horizontal=True,
                       key=f"{page}-stat")
     layer = c[2].slider("Layer", 0, cfg.num_layers - 1, worst_layer(result, inp, stat),

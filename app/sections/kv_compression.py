@@ -205,8 +205,9 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
                                                      "newest keys wait in FP16 for a full group, so it is a "
                                                      "little above the formula in “What fits”"),
         "Tokens": st.column_config.NumberColumn(help="tokens each KV head of every layer holds after the run"),
-        "× smaller": st.column_config.NumberColumn(format="%.2f×", help="than a BF16 cache of every token: "
-                                                   "quantization and eviction together"),
+        "Size vs BF16": st.column_config.NumberColumn("vs BF16", format="%.2f×", help="its cache's size over a "
+                                                      "BF16 cache of every token (quantization and eviction "
+                                                      "together): 0.25× is four times smaller"),
         "Top-1 match": share_column(help="share of positions where its top token is the reference's (fed the "
                                          "reference's text)"),
         "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
@@ -216,8 +217,8 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
         "Attn ms": st.column_config.NumberColumn(format="%.1f", help="per decode step: reading (dequantizing) the "
                                                  "cache and attending, all 30 layers, torch path"),
     })
-    st.caption("Columns: bytes per cached token; tokens held per head; how many times smaller than a full BF16 "
-               "cache; how often the top token matched the reference's; mean KL from the reference; where its own "
+    st.caption("Columns: bytes per cached token; tokens held per head; its size against a full BF16 "
+               "cache of every token; how often the top token matched the reference's; mean KL from the reference; where its own "
                "text first differs; attention time per decode step (torch path, dequantize then attend).")
     needles = RETRIEVAL_NEEDLES.get(s.prompt_name)
     if needles:

@@ -88,8 +88,9 @@ def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings |
     st.dataframe(frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]],
                  hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
         "path": st.column_config.TextColumn("Path"),
-        "bytes_per_token": num("Bytes per token", format="%,.0f",
-                               help="one layer's K and V, all 3 KV heads, scales included"),
+        "bytes_per_token": num("Bytes/token/layer", format="%,.0f",
+                               help="one layer's K and V, all 3 KV heads, scales included (× 30 layers for the "
+                                    "whole cache, as the tables above count it)"),
         "us": num("µs per call", format="%,.1f"),
         "speed-up": num("vs engine BF16", format="%.2f×"),
         "bytes ratio": num("Bytes ratio", format="%.2f×",

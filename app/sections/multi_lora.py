@@ -11,7 +11,7 @@ from app.analysis.multi_lora import (BASE, adapter_of, bundled, compare_deployme
                                      row_segments, slot_history, summarize, waiting_steps)
 from app.charts.multi_lora import adapter_timeline, batch_rows_figure, comparison_figure, slots_figure
 from app.analysis.kv_math import human_bytes
-from app.formatting import fmt_duration
+from app.formatting import fmt_duration, literal_markdown
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -101,9 +101,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
 
 def answers_table(session: EngineSession, record: StepRecord) -> None:
     rows = [{"request": q.request_id, "adapter": adapter_of(session, q.request_id), "status": q.status,
-             "generated": q.output_len, "answer so far": q.text} for q in record.requests]
+             "generated": q.output_len, "answer so far": literal_markdown(q.text)} for q in record.requests]
     # A static table, so each answer wraps onto as many lines as it needs: a data grid cut 40-token answers
-    # off at the column's edge.
+    # off at the column's edge. Its cells render Markdown, so the text is escaped (a "- " answer became bullets).
     st.table(pd.DataFrame(rows).set_index("request"))
 
 

@@ -317,15 +317,17 @@ def pipeline_section(result: ParallelResult, page: str) -> float:
     c = st.columns(4)
     c[0].metric(f"All requests, {run.pp} GPUs", fmt_duration(summary.makespan),
                 f"{summary.one_device / summary.makespan:.2f}× faster than one GPU" if run.pp > 1 else None,
-                delta_color="off", help=f"one GPU, the same work in turn: {fmt_duration(summary.one_device)}")
+                delta_color="off", delta_arrow="off", help=f"one GPU, the same work in turn: {fmt_duration(summary.one_device)}")
+    # The hops in µs: at one decimal of a millisecond "64.2 ms = one GPU's 64.2 ms + 3 hops" compared a number
+    # with itself.
     c[1].metric("One token's latency", f"{lat.pipelined_ms:.1f} ms",
-                f"one GPU's {lat.one_device_ms:.1f} ms + {lat.hops} hops" if run.pp > 1 else None, delta_color="off",
-                help="the first request's median decode step, every stage in turn, plus the assumed hops")
+                f"compute + {lat.hops} hops of {hop_us} µs" if run.pp > 1 else None, delta_color="off",
+                delta_arrow="off", help="the first request's median decode step, every stage in turn, plus the assumed hops")
     c[2].metric("Bubble (measured)", f"{summary.bubble:.0%}", f"textbook {summary.textbook_bubble:.0%}",
-                delta_color="off", help="1 − busy time / (stages × makespan); textbook: (p − 1) / (m + p − 1), one "
+                delta_color="off", delta_arrow="off", help="1 − busy time / (stages × makespan); textbook: (p − 1) / (m + p − 1), one "
                 "forward of m equal micro-batches")
     c[3].metric("Busiest stage", f"GPU {max(range(run.pp), key=lambda i: summary.busy_fraction[i])}",
-                f"busy {max(summary.busy_fraction):.0%} of the time", delta_color="off")
+                f"busy {max(summary.busy_fraction):.0%} of the time", delta_color="off", delta_arrow="off")
     left, right = st.columns([1.2, 1], gap="large")
     with left:
         st.dataframe(stage_frame(result, hop), hide_index=True, width="stretch", column_config={
@@ -336,7 +338,8 @@ def pipeline_section(result: ParallelResult, page: str) -> float:
         cfg = shared_weights().config
         st.markdown(
             f"- **Latency does not drop**: a token still crosses all {cfg.num_layers} layers one after another, plus "
-            f"{plural(lat.hops, 'hop')} ({lat.pipelined_ms:.1f} against {lat.one_device_ms:.1f} ms).\n"
+            f"{plural(lat.hops, 'hop')} ({lat.one_device_ms:.1f} ms of compute + {lat.hops * hop_us} µs of "
+            "hops).\n"
             f"- **Throughput rises only with requests in flight**: with {plural(len(run.tokens), 'request')} "
             f"and {run.pp} stages, {'every stage has work' if len(run.tokens) >= run.pp else 'some stages idle'}; "
             "with one request, only one GPU works at a time.\n"

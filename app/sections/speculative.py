@@ -217,7 +217,9 @@ def bench_section() -> None:
             "tokens/pass measured": num("τ", format="%.2f", width=50, help="tokens per verification pass, measured"),
             "tokens/pass predicted": num("τ formula", format="%.2f", width=74,
                                          help="(1 − α^(γ+1)) / (1 − α) with the measured α"),
-            "c": num(format="%.3f", width=56, help="the cost of drafting one token, in target passes"),
+            # Two significant digits: "%.3f" printed prompt lookup's 7e-5 as "0.000", which reads as free.
+            "c": num(format="%.2g", width=56, help="the cost of drafting one token, in target passes (prompt "
+                                                   "lookup's, a dictionary lookup, is around 1e-4)"),
             "speedup measured": num("speedup", format="%.2f", width=66, help="measured, vs plain decoding"),
             "speedup predicted": num("formula", format="%.2f", width=62,
                                      help="the closed form with the measured α and c, verification free"),

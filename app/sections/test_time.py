@@ -175,7 +175,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     truth = view["truth"]
     if truth is not None:
         right = {k: (v is not None and samples[v]["correct"]) for k, v in picks.items()}
-        st.markdown(f"Right answer **{truth}** · majority vote {'✓' if right['majority'] else '✗'} · "
+        st.markdown(f"Right answer **{truth}** · {'so far: ' if writing else ''}majority vote "
+                    f"{'✓' if right['majority'] else '✗'} · "
                     f"self-certainty {'✓' if right['self_certainty'] else '✗'} · oracle (any sample right) "
                     f"{'✓' if right['oracle'] else '✗'}")
     st.markdown(_batch_line(record))

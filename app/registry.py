@@ -56,7 +56,7 @@ PAGES: tuple[PageSpec, ...] = (
              "The tile schedule, one row's running max and sum, and the N × N matrix never written, on the real "
              "Q, K, V of your prompt; time and error vs naive attention and SDPA; split-KV decoding (Flash-Decoding).",
              ":material/bolt:", "pages/05_flashattention.py", "flashattention"),
-    PageSpec("KV cache quantization and eviction", "Memory and attention",
+    PageSpec("KV quantization and eviction", "Memory and attention",
              "The same prompt decoded with the cache in FP8, INT8, INT4, INT2 or KIVI, or cut to a budget by a sliding "
              "window, StreamingLLM's attention sinks or H2O's heavy hitters: bytes per token against KL and agreement "
              "with the full cache, the text each writes, key outlier channels and which tokens each policy keeps.",

@@ -42,7 +42,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     chunked = session.engine.config.chunked_prefill if session.engine else True
     worst = worst_stall(history)
     m = st.columns(5)
-    m[0].metric("Budget (max_num_batched_tokens)", budget, help="chunked prefill " + ("on" if chunked else "off"))
+    # The knob's name in the help: as the label, "max_num_batched_tokens" broke at its underscore.
+    m[0].metric("Token budget per step", budget, help="max_num_batched_tokens; chunked prefill "
+                + ("on" if chunked else "off"))
     m[1].metric("Tokens this step", f"{record.num_batched_tokens} / {budget}",
                 help=f"{record.num_prefill_tokens} prompt-chunk + {record.num_decode_tokens} decode")
     m[2].metric("Iteration time", f"{record.wall_seconds * 1e3:.0f} ms",

@@ -310,7 +310,8 @@ def compare_section(session: EngineSession, page: str) -> None:
         verdict = _masked_verdict([r for r in runs if r.mode != MODES[0]])
         st.caption(f"Free text {'is' if free.valid else 'is not'} valid. {verdict} {steps}; the "
                    f"masks cost {1e3 * masked.mask_seconds:.1f} ms in all against {masked.wall_seconds:.2f} s of "
-                   "engine time.")
+                   "engine time. Valid means the shape the grammar asks for, not that the values are right: the "
+                   "mask leaves the choice of each value to the model.")
     bench = load_bench()
     if bench and bench.get("greedy"):
         greedy, sampled = bench_tables(bench)

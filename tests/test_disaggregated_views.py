@@ -141,3 +141,18 @@ def test_kv_waiting_for_the_decode_worker_is_drawn_until_now(tiny_weights) -> No
         for line, h in zip(lines, waiting):
             assert line.x[0] == pytest.approx(h.sent_at * 1e3) and line.x[1] == pytest.approx(shown[-1].clock * 1e3)
         assert len({line.y[0] for line in lines}) == len(lines)  # side by side, not on top of each other
+
+
+def test_requests_decoding_in_the_same_iterations_are_named_as_one_line() -> None:
+    from app.analysis.chunked import TokenGap
+    from app.analysis.disaggregated import ServingRun, coinciding_requests
+
+    def run(key: str, gaps: list[tuple[str, float, float]]) -> ServingRun:
+        return ServingRun(key, key, 1, (), tuple(TokenGap(r, 0, t, g, False) for r, t, g in gaps), (), 1.0, ())
+
+    together = [("a", 0.1, 0.05), ("b", 0.1, 0.05), ("c", 0.1, 0.05), ("c", 0.2, 0.1), ("long", 0.3, 0.2)]
+    apart = [("a", 0.1, 0.05), ("b", 0.1, 0.05), ("c", 0.1, 0.05), ("c", 0.2, 0.1)]
+    runs = {"one": run("one", together), "two": run("two", apart)}
+    assert coinciding_requests(runs, exclude="long") == [["a", "b"]]
+    runs["two"] = run("two", [("a", 0.1, 0.05), ("b", 0.15, 0.05)])
+    assert coinciding_requests(runs, exclude="long") == []

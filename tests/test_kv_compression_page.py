@@ -181,3 +181,9 @@ def test_answer_rows_keep_each_answer_on_its_own_row() -> None:
     out = answer_rows_html([("full", "#000", [1, 2, 3]), ("other", "#111", [1, 2, 4])], [1, 2, 3], decode, "t")
     assert "\n" not in out and out.count('class="t-row"') == 2 and out.count("⏎") == 4
     assert "&lt;b&gt;" in out and '<span class="t-diff">&lt;b&gt;</span>' in out
+
+
+def test_a_variant_on_an_earlier_ones_spot_is_drawn_smaller() -> None:
+    from app.charts.kv_compression import _covers_earlier
+    xs, ys = [100.0, 50.0, 50.5, 25.0], [1e-6, 0.01, 0.0102, 0.5]
+    assert [_covers_earlier(xs, ys, i) for i in range(4)] == [False, False, True, False]

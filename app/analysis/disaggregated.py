@@ -202,3 +202,17 @@ def worst_gap(gaps: list[TokenGap]) -> TokenGap | None:
 def median(values: list[float]) -> float:
     s = sorted(values)
     return s[len(s) // 2] if s else 0.0
+
+
+def coinciding_requests(runs: dict[str, ServingRun], exclude: str | None = None) -> list[list[str]]:
+    """Groups of requests (two or more, `exclude` left out) whose time-between-tokens series are the same in
+    every run: they decode in the same iterations, so their lines in the comparison chart lie on one another."""
+    series: dict[str, list[tuple[str, float, float]]] = {}
+    for key, run in runs.items():
+        for g in run.gaps:
+            if g.request_id != exclude:
+                series.setdefault(g.request_id, []).append((key, round(g.time_s, 9), round(g.gap_s, 9)))
+    groups: dict[tuple[tuple[str, float, float], ...], list[str]] = {}
+    for rid, points in series.items():
+        groups.setdefault(tuple(points), []).append(rid)
+    return [ids for ids in groups.values() if len(ids) > 1]

@@ -19,6 +19,7 @@ from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 VARIANT_COLORS = ("#0072B2", ACCENT, TECHNIQUE_COLOR, BASELINE_COLOR, "#E69F00", "#56B4E9")
 REFERENCE_COLOR = MUTED
 KL_FLOOR = 1e-6  # a KL of zero (the reference, an exact copy) is drawn here on the log axis
+TRADEOFF_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "hexagon", "star", "triangle-down", "cross")
 
 
 def variant_color(i: int) -> str:
@@ -31,6 +32,11 @@ def short_label(label: str) -> str:
     return label.split(" (")[0]
 
 
+def _covers_earlier(xs: list[float], ys: list[float], i: int) -> bool:
+    """Whether point i lands on an earlier point as the log axes draw it: within ~5 % in size, ~25 % in KL."""
+    return any(abs(math.log10(xs[i] / xs[j])) < 0.02 and abs(math.log10(ys[i] / ys[j])) < 0.1 for j in range(i))
+
+
 def tradeoff_figure(result: LabResult) -> go.Figure:
     """Cache size after the run (x, log) against mean KL from the reference (y, log): down and left is better.
     Size, not bytes per token, so quantization and eviction land on one axis."""
@@ -41,7 +47,11 @@ def tradeoff_figure(result: LabResult) -> go.Figure:
         # Labels alternate right and left: variants of equal size (FP8 and INT8) sit on one vertical line.
         fig.add_trace(go.Scatter(
             x=[kib[i]], y=[kls[i]], mode="markers+text", name=r.variant.label,
-            marker=dict(size=16, color=variant_color(i), line=dict(width=1, color="white")),
+            # A shape each, and a smaller marker over an earlier one at the same spot: variants of one size and
+            # nearly one KL (FP8 and INT8) sat on one spot, and a circle drawn over an equal circle hid the first.
+            marker=dict(size=10 if _covers_earlier(kib, kls, i) else 16, color=variant_color(i),
+                        symbol=TRADEOFF_SYMBOLS[i % len(TRADEOFF_SYMBOLS)],
+                        line=dict(width=1, color="white")),
             text=[f"{r.top1_agreement:.0%}"], textposition="middle right" if i % 2 == 0 else "middle left",
             showlegend=True,
             hovertemplate=(f"<b>{r.variant.label}</b><br>%{{x:,.0f}} KiB, {int(r.cached_tokens[-1])} tokens"

@@ -6,8 +6,9 @@ import streamlit as st
 
 from engine.disaggregated import ClusterStepRecord
 
-from app.analysis.disaggregated import (compare_serving, first_moments, handoffs_until, latest_prefill_step,
-                                        latest_records, median, pool_at_send, worst_gap)
+from app.analysis.disaggregated import (ServingRun, coinciding_requests, compare_serving, first_moments,
+                                        handoffs_until, latest_prefill_step, latest_records, median, pool_at_send,
+                                        worst_gap)
 from app.charts.block_pool import block_pool_grid
 from app.charts.disaggregated import compare_gaps_figure, compare_ttft_figure, first_moments_figure, worker_timeline
 from app.formatting import NO_VALUE, fmt_block_ids, fmt_duration, plural
@@ -197,7 +198,7 @@ def compare_section(session: EngineSession, page: str) -> None:
     gaps = compare_gaps_figure(runs, session.request_order, long_id)
     show_figure(gaps, key="disagg-compare-gaps", height=gaps.layout.height)
     st.caption(f"{long_id} (the longest prompt) is left out of these panels: its wait is its TTFT, charted below. "
-               "Orange bands: iterations of the colocated engine that ran prompt tokens.")
+               "Orange bands: iterations of the colocated engine that ran prompt tokens." + _stacked_lines(runs, long_id))
     show_figure(compare_ttft_figure(runs, session.request_order), key="disagg-compare-ttft",
                 height=220 + 45 * len(reference))
     st.caption("Each run's times are its own clock. The disaggregated run uses two model replicas for the work one "
@@ -211,3 +212,13 @@ def _longest_prompt(session: EngineSession) -> str | None:
         return max(last.requests, key=lambda q: q.prompt_len).request_id
     lengths = {label: len(session.prompt_token_ids(label)) for label in session.request_order}
     return max(lengths, key=lengths.get) if lengths else None
+
+
+def _stacked_lines(runs: dict[str, ServingRun], exclude: str | None) -> str:
+    """A sentence naming requests whose lines coincide in every panel: the legend lists them all and the chart
+    seemed to show one."""
+    stacked = coinciding_requests(runs, exclude)
+    if not stacked:
+        return ""
+    names = "; ".join(", ".join(ids) for ids in stacked)
+    return f" {names}: decoded in the same iterations, so their lines lie on top of each other."

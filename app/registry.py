@@ -121,7 +121,8 @@ PAGES: tuple[PageSpec, ...] = (
              ":material/hub:", "pages/17_multi_lora.py", "multi-lora"),
     PageSpec("FP8, FP4 and SmoothQuant", "Serving post-trained models",
              "Activations quantized as well as weights (INT8, FP8 E4M3, FP4 with block scales), so tensor cores could "
-             "run at low precision: the few activation channels far larger than the rest, SmoothQuant moving that difficulty into the weights, and KL and agreement with the full model for each format.",
+             "run at low precision: the few activation channels far larger than the rest, SmoothQuant moving that "
+             "difficulty into the weights, and KL and agreement with the full model for each format.",
              ":material/speed:", "pages/18_activation_quantization.py", "activation-quantization"),
     PageSpec("Inference-time compute scaling", "Test-time compute",
              "More tokens for better answers: N samples sharing the prompt's KV blocks, majority vote vs the model's "

@@ -57,7 +57,8 @@ _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def power_label(exponent: int) -> str:
-    """10^k as a tick reads it: plain from 0.001 to 1000, '10⁻⁶' beyond (not '0.000001', which has to be counted)."""
+    """10^k as a tick reads it: plain from 0.001 to 1000, '10⁻⁶' beyond (not '0.000001', which has to be
+    counted)."""
     if -3 <= exponent <= 3:
         return f"{10.0 ** exponent:g}"
     return "10" + str(exponent).translate(_SUPERSCRIPT)

@@ -198,7 +198,8 @@ def compare_section(session: EngineSession, page: str) -> None:
     gaps = compare_gaps_figure(runs, session.request_order, long_id)
     show_figure(gaps, key="disagg-compare-gaps", height=gaps.layout.height)
     st.caption(f"{long_id} (the longest prompt) is left out of these panels: its wait is its TTFT, charted below. "
-               "Orange bands: iterations of the colocated engine that ran prompt tokens." + _stacked_lines(runs, long_id))
+               "Orange bands: iterations of the colocated engine that ran prompt tokens."
+               + _stacked_lines(runs, long_id))
     show_figure(compare_ttft_figure(runs, session.request_order), key="disagg-compare-ttft",
                 height=220 + 45 * len(reference))
     st.caption("Each run's times are its own clock. The disaggregated run uses two model replicas for the work one "

@@ -217,9 +217,9 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
         "Attn ms": st.column_config.NumberColumn(format="%.1f", help="per decode step: reading (dequantizing) the "
                                                  "cache and attending, all 30 layers, torch path"),
     })
-    st.caption("Columns: bytes per cached token; tokens held per head; its size against a full BF16 "
-               "cache of every token; how often the top token matched the reference's; mean KL from the reference; where its own "
-               "text first differs; attention time per decode step (torch path, dequantize then attend).")
+    st.caption("Columns: bytes per cached token; tokens held per head; its size against a full BF16 cache of "
+               "every token; how often the top token matched the reference's; mean KL from the reference; where "
+               "its own text first differs; attention time per decode step (torch path, dequantize then attend).")
     needles = RETRIEVAL_NEEDLES.get(s.prompt_name)
     if needles:
         found = []

@@ -317,15 +317,18 @@ def pipeline_section(result: ParallelResult, page: str) -> float:
     c = st.columns(4)
     c[0].metric(f"All requests, {run.pp} GPUs", fmt_duration(summary.makespan),
                 f"{summary.one_device / summary.makespan:.2f}× faster than one GPU" if run.pp > 1 else None,
-                delta_color="off", delta_arrow="off", help=f"one GPU, the same work in turn: {fmt_duration(summary.one_device)}")
+                delta_color="off", delta_arrow="off",
+                help=f"one GPU, the same work in turn: {fmt_duration(summary.one_device)}")
     # The hops in µs: at one decimal of a millisecond "64.2 ms = one GPU's 64.2 ms + 3 hops" compared a number
     # with itself.
     c[1].metric("One token's latency", f"{lat.pipelined_ms:.1f} ms",
                 f"compute + {lat.hops} hops of {hop_us} µs" if run.pp > 1 else None, delta_color="off",
-                delta_arrow="off", help="the first request's median decode step, every stage in turn, plus the assumed hops")
+                delta_arrow="off",
+                help="the first request's median decode step, every stage in turn, plus the assumed hops")
     c[2].metric("Bubble (measured)", f"{summary.bubble:.0%}", f"textbook {summary.textbook_bubble:.0%}",
-                delta_color="off", delta_arrow="off", help="1 − busy time / (stages × makespan); textbook: (p − 1) / (m + p − 1), one "
-                "forward of m equal micro-batches")
+                delta_color="off", delta_arrow="off",
+                help="1 − busy time / (stages × makespan); textbook: (p − 1) / (m + p − 1), one forward of m equal "
+                     "micro-batches")
     c[3].metric("Busiest stage", f"GPU {max(range(run.pp), key=lambda i: summary.busy_fraction[i])}",
                 f"busy {max(summary.busy_fraction):.0%} of the time", delta_color="off", delta_arrow="off")
     left, right = st.columns([1.2, 1], gap="large")

@@ -191,7 +191,8 @@ def bench_section() -> None:
             or workloads[0]
         st.dataframe(pd.DataFrame([r for r in rows if r["workload"] == shown]).drop(columns="workload"),
                      hide_index=True, width="stretch", height="content", column_config={
-                         c: st.column_config.NumberColumn(c, format="%.2f") for c in ("tokens per pass (τ)", "speedup")})
+                         c: st.column_config.NumberColumn(c, format="%.2f")
+                         for c in ("tokens per pass (τ)", "speedup")})
 
 
 def training_section() -> None:

@@ -35,8 +35,9 @@ def answer_rows_html(rows: Sequence[tuple[str, str, Sequence[int]]], reference: 
         # Newlines as a grey ⏎ inside the line, as the token views show them: a raw blank line ended st.markdown's
         # HTML block (the rest fell out of its row), and line breaks left blank gaps between one row's lines.
         newline = f'<span class="{css}-nl">⏎</span> '
-        parts = "".join(f'<span class="{css}-{"same" if same else "diff"}">{html.escape(text).replace(chr(10), newline)}'
-                        '</span>' for text, same in text_segments(tokens, reference, decode))
+        parts = "".join(f'<span class="{css}-{"same" if same else "diff"}">'
+                        f'{html.escape(text).replace(chr(10), newline)}</span>'
+                        for text, same in text_segments(tokens, reference, decode))
         lines.append(f'<div class="{css}-row"><span class="{css}-name" style="border-color:{color}">'
                      f'{html.escape(label)}</span>{parts or "<i>(no text)</i>"}</div>')
     style = (f"<style>.{css}-row{{margin:0.25rem 0 0.6rem 0;line-height:1.55}}.{css}-nl{{color:#9CA3AF}}"

@@ -118,7 +118,7 @@ def sample_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
         forced = len(s["forced"])
         rows.append({
             "sample": s["label"], "status": s["finish_reason"] or s["status"],
-            "answer": "–" if s["answer"] is None else s["answer"] + ("" if _finished(s) else " so far"),
+            "answer": "–" if s["answer"] is None else s["answer"] + ("" if finished(s) else " so far"),
             "right?": "–" if s["correct"] is None or s["answer"] is None else ("yes" if s["correct"] else "no"),
             "mean log p": None if math.isinf(s["mean_logprob"]) else round(s["mean_logprob"], 3),
             "tokens": s["num_tokens"], "forced": forced,
@@ -128,20 +128,21 @@ def sample_rows(view: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _finished(sample: dict[str, Any]) -> bool:
-    return bool(sample["finish_reason"])  # "" while running
+def finished(sample: dict[str, Any]) -> bool:
+    """Whether a sample of a request view has ended (its finish reason is "" while it runs)."""
+    return bool(sample["finish_reason"])
 
 
 def answer_counts(view: dict[str, Any], finished_only: bool = False) -> dict[str, int]:
     """Samples per final answer, most voted first (ties in the order the answers first appear). A running
     sample counts the answer in its text so far unless `finished_only`."""
     return dict(Counter(s["answer"] for s in view["samples"]
-                        if s["answer"] is not None and (_finished(s) or not finished_only)).most_common())
+                        if s["answer"] is not None and (finished(s) or not finished_only)).most_common())
 
 
 def still_writing(view: dict[str, Any]) -> int:
     """How many of the request's samples are still running: until none is, every vote is provisional."""
-    return sum(not _finished(s) for s in view["samples"])
+    return sum(not finished(s) for s in view["samples"])
 
 
 def load_bench(path: Path = BENCH_FILE) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from engine.trace import StepRecord
 
@@ -13,11 +14,11 @@ def step_ticks(records: list[StepRecord] | int, max_ticks: int = 16) -> dict:
     return {"tick0": 0, "dtick": max(1, math.ceil(n / max_ticks))}
 
 
-def step_range(last_step: int | None) -> dict:
-    """An 'engine step' axis from step 0 to `last_step` (at least 1), half a step of room each side. Around a
-    single point, e.g. the timeline scrubbed back to step 0, Plotly's own range ran from -1 to 1: a negative
-    step on the axis and the one point lost on the edge of an empty chart."""
-    return {"range": [-0.5, max(last_step or 0, 1) + 0.5]}
+def step_range(steps: Iterable[int], selected: int | None = None) -> dict:
+    """An 'engine step' axis from step 0 to the last of `steps` and the `selected` step (at least 1), half a step
+    of room each side. Around a single point, e.g. the timeline scrubbed back to step 0, Plotly's own range ran
+    from -1 to 1: a negative step on the axis and the one point lost on the edge of an empty chart."""
+    return {"range": [-0.5, max(*steps, selected or 0, 1) + 0.5]}
 
 
 def index_ticks(count: int, max_labels: int = 10) -> dict:

@@ -89,5 +89,5 @@ def waste_over_time(records: list[StepRecord]) -> go.Figure:
     fig.update_layout(title="Reserved but unused KV slots (measured each step)", xaxis_title="engine step",
                       yaxis_title="% of reserved slots wasted", yaxis_range=[0, 105], hovermode="x unified")
     fig.add_hline(y=0, line=dict(color=MUTED, width=1))
-    fig.update_xaxes(**step_ticks(records), **step_range(max((r.step for r in records), default=0)))
+    fig.update_xaxes(**step_ticks(records), **step_range(r.step for r in records))
     return fig

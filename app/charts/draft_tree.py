@@ -148,7 +148,7 @@ def tokens_per_round_figure(points: list[TreePoint], selected: int | None = None
     fig.update_layout(title=dict(text="Tokens per target pass", subtitle=dict(text="accepted path + 1, every round")),
                       xaxis_title="engine step",
                       yaxis=dict(title="tokens", range=[0, top + 0.5], dtick=1))
-    fig.update_xaxes(**step_ticks(max(num_steps, 1)), **step_range(num_steps - 1))
+    fig.update_xaxes(**step_ticks(max(num_steps, 1)), **step_range(range(num_steps), selected))
     return fig
 
 

@@ -210,7 +210,7 @@ def cache_series_figure(points: list[CachePoint], selected: int | None = None) -
     fig.update_yaxes(title_text="tokens", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
     fig.update_xaxes(title_text="engine step", **step_ticks(len(points)),
-                     **step_range(max([p.step for p in points] + [selected or 0])))
+                     **step_range((p.step for p in points), selected))
     fig.update_layout(legend=dict(yanchor="top", y=-0.2, xanchor="left", x=0.0), margin=dict(t=60, b=90))
     return fig
 

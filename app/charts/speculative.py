@@ -193,7 +193,7 @@ def acceptance_figure(series: list[SpecPoint], selected: int | None = None) -> g
     fig.update_yaxes(title_text="acceptance (cumulative)", range=[0, 1.05], secondary_y=False)
     fig.update_yaxes(title_text="tokens per pass", range=[0, top], dtick=1, secondary_y=True, showgrid=False)
     fig.update_layout(title="Acceptance and tokens per target pass, so far", xaxis_title="engine step")
-    fig.update_xaxes(**step_ticks(len(series)), **step_range(_last_step(series, selected)))
+    fig.update_xaxes(**step_ticks(len(series)), **step_range((p.step for p in series), selected))
     return fig
 
 
@@ -212,12 +212,8 @@ def time_split_figure(series: list[SpecPoint], selected: int | None = None) -> g
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     fig.update_layout(title="Draft vs verify time per step", barmode="stack", bargap=0.15, xaxis_title="engine step",
                       yaxis=dict(title="ms", rangemode="nonnegative"))
-    fig.update_xaxes(**step_ticks(len(series)), **step_range(_last_step(series, selected)))
+    fig.update_xaxes(**step_ticks(len(series)), **step_range((p.step for p in series), selected))
     return fig
-
-
-def _last_step(series: list[SpecPoint], selected: int | None) -> int:
-    return max([p.step for p in series] + [selected or 0])
 
 
 def _cost_ratio(c: float) -> str:

@@ -9,6 +9,8 @@ import streamlit as st
 
 from engine.tokenizer import Tokenizer
 
+from app.analysis.test_time import finished
+
 _CSS = """
 <style>
 .tt-row { margin: 0 0 8px 0; }
@@ -64,7 +66,7 @@ def sample_strips(samples: list[dict[str, Any]], previous: dict[str, int], picks
         right = "" if s["correct"] is None or s["answer"] is None else (" ✓" if s["correct"] else " ✗")
         score = "–" if s["mean_logprob"] == float("-inf") else f"{s['mean_logprob']:.2f}"
         # A running sample's answer is what its text says so far ("10" after "1 0 ↵" may become "10 apples").
-        so_far = " so far" if s["answer"] is not None and not s["finish_reason"] else ""
+        so_far = " so far" if s["answer"] is not None and not finished(s) else ""
         head = (f"<b>{html.escape(s['label'])}</b> · answer <b>{html.escape(answer)}</b>{so_far}{right} · mean log p "
                 f"{score} · {s['num_tokens']} tokens{html.escape(tag)}")
         rows.append(f'<div class="tt-row"><div class="tt-head">{head}</div>'

@@ -16,8 +16,9 @@ from engine.weight_quant.dense import (LayerKV, embed, final_logits, greedy_answ
 from engine.weight_quant.grid import Grid, group_params, round_to_nearest
 from engine.weight_quant.gptq import gptq_quantize, hessian
 from engine.weight_quant.lab import (LabSettings, ReferenceTexts, build_eval_set, calibration_windows,
-                                     first_difference, greedy_answers, linear_bits_per_weight, quantize_model,
-                                     reference_texts, run_lab, score, stored_lab, weight_bytes)
+                                     first_difference, greedy_answers, linear_bits_per_weight, output_error,
+                                     output_error_from_hessian, quantize_model, reference_texts, run_lab, score,
+                                     stored_lab, weight_bytes)
 from engine.weight_quant.texts import PROSE_CALIBRATION
 from engine.weights import hf_reference_model
 
@@ -98,6 +99,18 @@ def test_gptq_output_error_is_below_round_to_nearest(bits: int, group: int) -> N
     err = lambda w_hat: float((x @ (w_hat - w).T).pow(2).mean())  # noqa: E731
     gptq, rtn = err(gptq_quantize(w, hessian(x), grid)), err(round_to_nearest(w, grid))
     assert gptq < 0.7 * rtn, (gptq, rtn)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_output_error_from_the_hessian_is_the_one_from_the_inputs(seed: int) -> None:
+    """The lab reports GPTQ's layer error from H = 2XᵀX/n instead of the inputs (cheaper at 2,048 tokens): the
+    same ||XΔWᵀ|| / ||XWᵀ||, to float rounding, with outlier channels and loud first tokens in X."""
+    x = _correlated_inputs(256, 96, seed=seed, outliers=3)
+    x[::64] *= 20
+    w = torch.randn(40, 96, generator=_gen(seed))
+    w_hat = gptq_quantize(w, hessian(x), Grid(3, 32))
+    assert output_error_from_hessian(hessian(x), w, w_hat) == pytest.approx(output_error(x, w, w_hat), rel=1e-4)
+    assert output_error_from_hessian(hessian(x), w, w) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------ AWQ

@@ -23,9 +23,10 @@ DAMP = 0.01
 
 
 def hessian(x: torch.Tensor) -> torch.Tensor:
-    """H = 2 X^T X / n for calibration inputs x [tokens, in] (fp64 for the Cholesky that follows)."""
-    x = x.double()
-    return 2.0 * x.T @ x / x.shape[0]
+    """H = 2 X^T X / n for calibration inputs x [tokens, in], returned in fp64 for the Cholesky that follows.
+    The product runs in x's own precision (fp32: half the time of fp64 on a CPU); its rounding, about 1e-6 of
+    an entry, is far below the 1 % dampening added to the diagonal before the factorisation."""
+    return (2.0 / x.shape[0]) * (x.T @ x).double()
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, grid: Grid, block: int = BLOCK,

@@ -206,8 +206,17 @@ def calibration_windows(weights: LoadedWeights, which: CalibrationSet, tokens: i
     return [stream[i:i + WINDOW] for i in range(0, tokens, WINDOW)]
 
 
-def _rel_error(x: torch.Tensor, w: torch.Tensor, w_hat: torch.Tensor) -> float:
+def output_error(x: torch.Tensor, w: torch.Tensor, w_hat: torch.Tensor) -> float:
+    """||X (W_hat - W)^T|| / ||X W^T|| over the calibration inputs x [tokens, in]."""
     return float((x @ (w_hat - w).T).norm() / (x @ w.T).norm().clamp(min=1e-12))
+
+
+def output_error_from_hessian(h: torch.Tensor, w: torch.Tensor, w_hat: torch.Tensor) -> float:
+    """The same ratio from GPTQ's H = 2 X^T X / n (its scale cancels): ||X D^T||^2 = sum((D H) * D), out x in^2
+    multiply-adds instead of tokens x in x out (in / tokens of the work: 0.28 for 2,048 tokens of a 576-wide input)."""
+    h = h.float()
+    d = w_hat - w
+    return float((((d @ h) * d).sum() / ((w @ h) * w).sum().clamp(min=1e-30)).sqrt())
 
 
 @torch.inference_mode()
@@ -230,7 +239,7 @@ def quantize_model(weights: LoadedWeights, method: Method, grid: Grid, windows: 
             x = captured[inp]
             parts = [sd[weight_key(i, n)].float() for n in names]
             w = torch.cat(parts)
-            alpha = None
+            alpha, h_x = None, None
             if method == "rtn":
                 w_hat = round_to_nearest(w, grid)
             elif method == "awq":
@@ -238,8 +247,10 @@ def quantize_model(weights: LoadedWeights, method: Method, grid: Grid, windows: 
                 w_hat, choice = awq_quantize(w, x[rows], grid)
                 alpha = choice.alpha
             else:
-                w_hat = gptq_quantize(w, hessian(x), grid, act_order=method == "gptq_act")
-            reports.append(LinearReport(i, inp, _rel_error(x, w, w_hat), alpha))
+                h_x = hessian(x)
+                w_hat = gptq_quantize(w, h_x, grid, act_order=method == "gptq_act")
+            error = output_error(x, w, w_hat) if h_x is None else output_error_from_hessian(h_x, w, w_hat)
+            reports.append(LinearReport(i, inp, error, alpha))
             for n, piece in zip(names, torch.split(w_hat, [p.shape[0] for p in parts])):
                 sd[weight_key(i, n)] = piece.contiguous()
         h = layer_forward(cfg, sd, i, h, cos, sin)  # what the next layer sees from the quantized one

@@ -29,6 +29,20 @@ def fmt_duration(seconds: float) -> str:
     return f"{minutes} min {rest} s"
 
 
+# Sizes in memory are binary everywhere (KiB, MiB, GiB: what torch and nvidia-smi report), so one checkpoint
+# reads the same on every page; rates stay decimal (GB/s, TB/s), as vendors quote bandwidth.
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+
+
+def fmt_bytes(n: float) -> str:
+    """'512 B', '4.5 KiB', '256.5 MiB', '1.3 GiB': the largest binary unit that keeps the number under 1,024."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} TiB"
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 token', '2 tokens' (pass `many` for irregular plurals)."""
     return f"{n:,} {word if n == 1 else (many or word + 's')}"

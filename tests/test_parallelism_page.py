@@ -93,7 +93,7 @@ def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
     r = tiny_result
     mem = memory_frame(r)
     assert list(mem["Where"]) == ["TP = 1: the one GPU", "TP = 2: rank 0", "TP = 2: rank 1"]
-    assert mem["KV cache (MB)"].iloc[1] == pytest.approx(mem["KV cache (MB)"].iloc[0] / 2)
+    assert mem["KV cache (MiB)"].iloc[1] == pytest.approx(mem["KV cache (MiB)"].iloc[0] / 2)
     assert 0 < replicated_bytes(r) < r.single.weight_bytes_per_rank[0] / 10
     assert collective_counts(r.sharded) == {"all_reduce": 2 * 2 + 1, "all_gather": 1}
     coll = collective_frame(r.sharded)
@@ -180,7 +180,7 @@ def test_expert_arithmetic() -> None:
     assert not ep_fits(mixtral, 16) and ep_fits(deepseek, 32)
     assert list(frame[frame["Model"] == mixtral.name]["GPUs"]) == [8]
     assert list(frame[frame["Model"] == deepseek.name]["GPUs"]) == [8, 16, 32]
-    assert (frame["EP weights per GPU (GB)"] >= frame["TP weights per GPU (GB)"]).all()
+    assert (frame["EP weights per GPU (GiB)"] >= frame["TP weights per GPU (GiB)"]).all()
     fig = ep_figure(frame, deepseek.name)
     assert len(fig.data) == 4 and len(fig.data[0].x) == 3
     curve = imbalance_curve(deepseek, 8, (0.0, 1.0), tokens=(16, 256), draws=20)

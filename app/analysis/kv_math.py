@@ -93,10 +93,3 @@ def weights_bytes(cfg: ModelConfig, bytes_per_element: int) -> int:
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
     return (cfg.vocab_size * h + L * per_layer + h) * bytes_per_element
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

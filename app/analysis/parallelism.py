@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from app.formatting import NO_VALUE
+from app.formatting import GIB, KIB, MIB, NO_VALUE
 from engine.config import ModelConfig
 from engine.parallel.collectives import all_gather_bytes, ring_all_reduce_bytes
 from engine.parallel.expert_math import MOE_MODELS, MoeShape, ep_cost, routing_imbalance
@@ -85,9 +85,9 @@ def memory_frame(result: ParallelResult) -> pd.DataFrame:
     """Weights and KV cache (allocated for the lab's whole context) on one rank of the TP = 1 run and on each
     rank of the sharded one, measured from the tensors."""
     one, many = result.single, result.sharded
-    rows = [{"Where": "TP = 1: the one GPU", "Weights (MB)": one.weight_bytes_per_rank[0] / 1e6,
-             "KV cache (MB)": one.cache_bytes_per_rank[0] / 1e6}]
-    rows += [{"Where": f"TP = {many.tp}: rank {r}", "Weights (MB)": w / 1e6, "KV cache (MB)": c / 1e6}
+    rows = [{"Where": "TP = 1: the one GPU", "Weights (MiB)": one.weight_bytes_per_rank[0] / MIB,
+             "KV cache (MiB)": one.cache_bytes_per_rank[0] / MIB}]
+    rows += [{"Where": f"TP = {many.tp}: rank {r}", "Weights (MiB)": w / MIB, "KV cache (MiB)": c / MIB}
              for r, (w, c) in enumerate(zip(many.weight_bytes_per_rank, many.cache_bytes_per_rank))]
     return pd.DataFrame(rows)
 
@@ -323,10 +323,10 @@ def ep_frame(gpus: tuple[int, ...] = EP_GPUS) -> pd.DataFrame:
                 continue
             c = ep_cost(m, g)
             rows.append({"Model": m.name, "GPUs": g, "Experts per GPU": m.experts // g,
-                         "EP weights per GPU (GB)": c.weight_gb_per_gpu_ep,
-                         "TP weights per GPU (GB)": c.weight_gb_per_gpu_tp,
-                         "EP all-to-all per token (KB)": c.a2a_bytes_per_token / 1e3,
-                         "TP all-reduce per token (KB)": c.tp_bytes_per_token / 1e3})
+                         "EP weights per GPU (GiB)": c.weight_gb_per_gpu_ep * 1e9 / GIB,
+                         "TP weights per GPU (GiB)": c.weight_gb_per_gpu_tp * 1e9 / GIB,
+                         "EP all-to-all per token (KiB)": c.a2a_bytes_per_token / KIB,
+                         "TP all-reduce per token (KiB)": c.tp_bytes_per_token / KIB})
     return pd.DataFrame(rows)
 
 

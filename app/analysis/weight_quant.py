@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from app.formatting import NO_VALUE
+from app.formatting import MIB, NO_VALUE
 from engine.weight_quant.lab import METHOD_LABELS, LabResult, VariantOutcome
 from kernels.ceilings import REFERENCE_CEILINGS
 
@@ -40,7 +40,7 @@ def results_frame(result: LabResult) -> pd.DataFrame:
         rows.append({
             "Weights": v.label,
             "Bits/weight": v.bits_per_weight,
-            "MB": v.weight_bytes / 1e6,
+            "MiB": v.weight_bytes / MIB,
             "H200 tok/s bound": decode_bound_tok_s(v.weight_bytes),
             "Chat KL": chat.kl,
             "Chat top-1": chat.top1,
@@ -101,7 +101,8 @@ def load_bench(path: Path = BENCH_PATH) -> pd.DataFrame | None:
             return None
         frame = pd.DataFrame([{"bits": int(r["bits"]), "calibration": str(r["calibration"]),
                                "method": METHOD_LABELS[r["method"]], "bits_per_weight": float(r["bits_per_weight"]),
-                               "mb": float(r["mb"]), "chat_kl": float(r["chat_kl"]), "prose_kl": float(r["prose_kl"]),
+                               "mib": float(r["mb"]) * 1e6 / MIB,  # the bench writes decimal MB
+                               "chat_kl": float(r["chat_kl"]), "prose_kl": float(r["prose_kl"]),
                                "chat_top1": float(r["chat_top1"])} for r in data["rows"]])
         return frame if len(frame) else None
     except (OSError, ValueError, KeyError, TypeError):

@@ -13,6 +13,7 @@ from engine.lora.merge_lab import MergeResult
 from app.analysis.lora_merge import PARTS, Deployment, breakdown
 from app.charts.axes import log_axis
 from app.charts.colors import tint
+from app.formatting import GIB
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 # Merged and unmerged are the page's A/B pair; the base model is the neutral reference.
@@ -103,7 +104,6 @@ def spectrum_figure(sp: Spectrum) -> go.Figure:
     return fig
 
 
-GB = 1e9
 
 
 def memory_figure(frame: pd.DataFrame, live: Deployment, big: Deployment, memory: float) -> go.Figure:
@@ -115,18 +115,18 @@ def memory_figure(frame: pd.DataFrame, live: Deployment, big: Deployment, memory
             rows = frame[(frame["model"] == d.model) & (frame["way"] == way)]
             what = "N checkpoints" if way == "merged" else "one base + N adapters"
             fig.add_trace(go.Scatter(
-                x=rows["n"], y=rows["bytes"] / GB, mode="lines", name=f"{d.model}, {way} ({what})",
+                x=rows["n"], y=rows["bytes"] / GIB, mode="lines", name=f"{d.model}, {way} ({what})",
                 line=dict(color=WAY_COLORS[way], dash=dash, width=3 if d is live else 2),
-                hovertemplate=f"<b>{d.model}</b>, {way}<br>%{{x}} fine-tunes: %{{y:,.3g}} GB<extra></extra>"))
-    fig.add_hline(y=memory / GB, line=dict(color="#111827", dash="dash", width=1.5))
-    fig.add_annotation(x=0, xref="paper", xanchor="left", y=np.log10(memory / GB), yref="y", yanchor="bottom",
-                       text=f"one H200: {memory / GB:,.0f} GB", showarrow=False)
+                hovertemplate=f"<b>{d.model}</b>, {way}<br>%{{x}} fine-tunes: %{{y:,.3g}} GiB<extra></extra>"))
+    fig.add_hline(y=memory / GIB, line=dict(color="#111827", dash="dash", width=1.5))
+    fig.add_annotation(x=0, xref="paper", xanchor="left", y=np.log10(memory / GIB), yref="y", yanchor="bottom",
+                       text=f"one H200: {memory / GIB:,.0f} GiB", showarrow=False)
     fig.update_layout(
         title=dict(text="Weights in memory for N fine-tunes", subtitle=dict(
             text="bf16; solid: this model's real tensors · dotted: an 8B model, same adapter shape, from its "
                  "shape alone")),
         xaxis=dict(title="fine-tunes served (N)", **log_axis()),
-        yaxis=dict(title="GB of weights", **log_axis()),
+        yaxis=dict(title="GiB of weights", **log_axis()),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=110, b=140))
     return fig
 

@@ -12,6 +12,7 @@ from engine.parallel.pipeline import Placed
 
 from app.analysis.parallelism import PassTimes, SplitRow, stage_label
 from app.charts.colors import ink_on, tint
+from app.formatting import GIB
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, REQUEST_COLORS, TECHNIQUE_COLOR
 
 # Ranks (GPUs of a tensor-parallel group) in Paul Tol's muted scheme: none of them is a phase colour (prefill
@@ -59,18 +60,18 @@ def memory_figure(frame: pd.DataFrame) -> go.Figure:
     """Weights and KV cache per GPU, stacked: the one-GPU run against each rank of the sharded one."""
     x = [w.replace(": ", "<br>") for w in frame["Where"]]  # two short lines: four labels fit a half-width chart
     fig = go.Figure()
-    for col, color, name in (("Weights (MB)", TECHNIQUE_COLOR, "weights"),
-                             ("KV cache (MB)", "#56B4E9", "KV cache (allocated for the whole context)")):
+    for col, color, name in (("Weights (MiB)", TECHNIQUE_COLOR, "weights"),
+                             ("KV cache (MiB)", "#56B4E9", "KV cache (allocated for the whole context)")):
         fig.add_trace(go.Bar(x=x, y=frame[col], name=name, marker=dict(color=color),
-                             hovertemplate="%{x}: %{y:,.1f} MB " + name + "<extra></extra>"))
+                             hovertemplate="%{x}: %{y:,.1f} MiB " + name + "<extra></extra>"))
     # The total above each bar, level: numbers inside bars this narrow were turned sideways.
-    total = frame["Weights (MB)"] + frame["KV cache (MB)"]
-    fig.add_trace(go.Scatter(x=x, y=total, mode="text", text=[f"{v:,.0f} MB" for v in total],
+    total = frame["Weights (MiB)"] + frame["KV cache (MiB)"]
+    fig.add_trace(go.Scatter(x=x, y=total, mode="text", text=[f"{v:,.0f} MiB" for v in total],
                              textposition="top center", textfont=dict(size=13), showlegend=False, hoverinfo="skip",
                              cliponaxis=False))
     fig.update_layout(barmode="stack", bargap=0.3,
                       title=dict(text="Memory per GPU", subtitle=dict(text="fp32 here; bf16 on a GPU halves both")),
-                      yaxis=dict(title="MB", range=[0, float(total.max()) * 1.15]), xaxis=dict(title=None),
+                      yaxis=dict(title="MiB", range=[0, float(total.max()) * 1.15]), xaxis=dict(title=None),
                       legend=dict(orientation="h", yanchor="top", y=-0.15, x=0), margin=dict(t=100))
     return fig
 
@@ -138,7 +139,9 @@ def tp_floor_figure(frame: pd.DataFrame, model: str, latency_us: float) -> go.Fi
                          marker=dict(color=tint(WIRE_COLOR, 0.5), pattern=dict(shape="/", fgcolor=WIRE_COLOR)),
                          hovertemplate="%{x}: + %{y:.2f} ms wire<extra></extra>"))
     for xi, row in zip(x, frame.itertuples()):
-        label = f"{row.step_ms:.1f} ms" if row.fits else f"{row.weights_gb + row.kv_gb:.0f} GB: does not fit"
+        # In GiB, as the page states the GPU's memory: "152 GB" beside "139.8 GiB" read as two scales.
+        need = (row.weights_gb + row.kv_gb) * 1e9 / GIB
+        label = f"{row.step_ms:.1f} ms" if row.fits else f"{need:.0f} GiB: does not fit"
         fig.add_annotation(x=xi, y=row.step_ms, text=label, showarrow=False, yanchor="bottom", yshift=4,
                            font=dict(size=13, color=MUTED if not row.fits else "#111827"))
     fig.update_layout(barmode="stack", bargap=0.35,
@@ -197,9 +200,9 @@ def ep_figure(frame: pd.DataFrame, model: str) -> go.Figure:
     rows = frame[frame["Model"] == model]
     x = [f"{g} GPUs" for g in rows["GPUs"]]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=["Weights per GPU (GB, fp8)", "Sent per token, per MoE layer (KB)"])
-    for col, (ep, tp) in enumerate((("EP weights per GPU (GB)", "TP weights per GPU (GB)"),
-                                    ("EP all-to-all per token (KB)", "TP all-reduce per token (KB)")), start=1):
+                        subplot_titles=["Weights per GPU (GiB, fp8)", "Sent per token, per MoE layer (KiB)"])
+    for col, (ep, tp) in enumerate((("EP weights per GPU (GiB)", "TP weights per GPU (GiB)"),
+                                    ("EP all-to-all per token (KiB)", "TP all-reduce per token (KiB)")), start=1):
         for key, name, color in ((ep, "expert parallel", EP_COLOR), (tp, "tensor parallel", TP_COLOR)):
             fig.add_trace(go.Bar(x=x, y=rows[key], name=name, marker=dict(color=color), legendgroup=name,
                                  showlegend=col == 1, text=[f"{v:,.0f}" for v in rows[key]], textposition="outside",

@@ -109,9 +109,10 @@ def bits_sweep_figure(frame: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=rows["bits_per_weight"], y=rows["chat_kl"], mode="lines+markers", name=f"{method}, {calibration}",
             line=dict(color=METHOD_COLORS[method], dash="solid" if calibration == "chat" else "dot", width=2),
-            marker=dict(size=8), customdata=np.stack([rows["mb"], rows["chat_top1"]], axis=1),
+            marker=dict(size=8), customdata=np.stack([rows["mib"], rows["chat_top1"]], axis=1),
             hovertemplate=(f"<b>{method}</b>, calibrated on {calibration}<br>%{{x:.2f}} bits per weight, "
-                           "%{customdata[0]:.0f} MB<br>chat KL %{y:.3g} · top-1 %{customdata[1]:.1%}<extra></extra>")))
+                           "%{customdata[0]:.0f} MiB<br>chat KL %{y:.3g} · top-1 %{customdata[1]:.1%}"
+                           "<extra></extra>")))
     fig.update_layout(
         title=dict(text="Every bit width, measured earlier", subtitle=dict(
             text="Solid: calibrated on chat answers · dotted: on prose · groups of 64")),

@@ -9,11 +9,10 @@ import torch
 from kernels.split_kv_trace import SplitKVTrace, split_kv_decode
 
 from app.analysis.flash_qkv import LayerQKV
-from app.analysis.kv_math import human_bytes
 from app.analysis.split_kv import (GpuShape, PlannerRule, kernel_check, kv_bytes, load_split_bench, merge_bytes,
                                    plan_gpu, plan_grid, planner_rule)
 from app.charts.split_kv import merge_chart, plan_heatmap, split_gain_chart, split_scores_chart
-from app.formatting import plural
+from app.formatting import fmt_bytes, plural
 from app.runtime import device
 from app.sections.flashattention import PAGE  # one page cache: the kinds below differ from that module's
 from app.state import cached_by_kind
@@ -79,9 +78,9 @@ def _metrics(trace: SplitKVTrace, hq: int, hkv: int, d: int, sms: int) -> None:
                 help="Largest |difference| over all heads and dimensions between the merged output and softmax(qKᵀ)V "
                      "over all keys at once, both in fp32: float rounding, so the merge is exact")
     merge = merge_bytes(hq, trace.splits, d)
-    m[3].metric("The merge reads", human_bytes(merge) if merge else "nothing",
+    m[3].metric("The merge reads", fmt_bytes(merge) if merge else "nothing",
                 help=f"Each split's fp32 accumulator ({d} numbers), max and sum, per query head; the splits read "
-                     f"{human_bytes(kv_bytes(trace.seq_len, hkv, d))} of bf16 K and V for this layer between them. "
+                     f"{fmt_bytes(kv_bytes(trace.seq_len, hkv, d))} of bf16 K and V for this layer between them. "
                      "With one split the kernel writes the output directly and skips the merge")
 
 

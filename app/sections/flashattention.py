@@ -12,9 +12,8 @@ from kernels.flash_trace import FlashTrace, flash_attention_tiled
 from app.analysis.flash_compare import (MATRIX_DTYPE, STATE_DTYPE, AttentionMemory, MethodResult, compare_methods,
                                         kernel_tiles_text, largest_cpu_cache, memory_table)
 from app.analysis.flash_qkv import LayerQKV, layer_qkv
-from app.analysis.kv_math import human_bytes
 from app.charts.flash_tiles import future_tiles, method_chart, online_softmax_chart, score_matrix, tile_grid
-from app.formatting import plural
+from app.formatting import fmt_bytes, plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
 from app.state import cached_by_kind, page_cache
 from app.theme import show_figure
@@ -246,9 +245,9 @@ def memory_frame(n: int, heads: int) -> pd.DataFrame:
         # Short headers: the table shares half the page with the heatmap, and long ones pushed the last
         # column out of view.
         rows.append({"N": f"{mem.seq_len:,}" + (" (prompt)" if mem.seq_len == n else ""),
-                     "naive S + P": human_bytes(mem.naive_bytes),
-                     "FA2 m, l": human_bytes(mem.flash_state_bytes),
-                     "naive, 1 head": human_bytes(mem.naive_bytes / heads)})
+                     "naive S + P": fmt_bytes(mem.naive_bytes),
+                     "FA2 m, l": fmt_bytes(mem.flash_state_bytes),
+                     "naive, 1 head": fmt_bytes(mem.naive_bytes / heads)})
     return pd.DataFrame(rows)
 
 
@@ -286,9 +285,9 @@ def matrix_section(s: FlashSettings, qkv: LayerQKV, trace: FlashTrace, scores: t
     with right:
         here = AttentionMemory(n, heads)  # the same record as the table's "(prompt)" row
         c = st.columns(2)
-        c[0].metric(f"Naive: S and P for this layer ({MATRIX_DTYPE})", human_bytes(here.naive_bytes),
+        c[0].metric(f"Naive: S and P for this layer ({MATRIX_DTYPE})", fmt_bytes(here.naive_bytes),
                     help=f"2 matrices (S, then P) × {heads} heads × {n}² × {here.elem} bytes")
-        c[1].metric(f"FA2: m and l for this layer ({STATE_DTYPE})", human_bytes(here.flash_state_bytes),
+        c[1].metric(f"FA2: m and l for this layer ({STATE_DTYPE})", fmt_bytes(here.flash_state_bytes),
                     help=f"{heads} heads × {n} rows × 2 numbers × {here.state_elem} bytes")
         st.metric("Ratio", _times(here.ratio),
                   help="(2 × N² numbers) / (2 × N numbers) = N: grows linearly with the sequence")
@@ -305,14 +304,14 @@ def cache_sentence(n: int, heads: int) -> str:
     """How this prompt's naive S and P compare with the CPU's largest cache: a fixed "at a few hundred tokens
     the matrix fits in the caches" stood next to the tens of MiB the page itself showed at N = 1024."""
     mem = AttentionMemory(n, heads)
-    size = f"Naive attention's S and P take {human_bytes(mem.naive_bytes)} for this layer at N = {n:,}"
+    size = f"Naive attention's S and P take {fmt_bytes(mem.naive_bytes)} for this layer at N = {n:,}"
     cache = largest_cpu_cache()
     if cache is None:
         return size + "."
     if mem.naive_bytes <= cache.bytes:
-        return (f"{size}, within this CPU's {human_bytes(cache.bytes)} L{cache.level} cache, so materialising "
+        return (f"{size}, within this CPU's {fmt_bytes(cache.bytes)} L{cache.level} cache, so materialising "
                 "them costs little here.")
-    return (f"{size}, more than this CPU's {human_bytes(cache.bytes)} L{cache.level} cache, so they stream through "
+    return (f"{size}, more than this CPU's {fmt_bytes(cache.bytes)} L{cache.level} cache, so they stream through "
             "main memory.")
 
 
@@ -352,5 +351,5 @@ def compare_section(s: FlashSettings, qkv: LayerQKV) -> None:
            "The real FA2 kernel is the Triton kernel the engine runs on CUDA (`kernels/prefill_attention_triton.py`); "
            "this server has no GPU, so the engine runs the torch reference path, which is what the "
            f"“engine attention path” row times. {cache_sentence(qkv.seq_len, heads)} FlashAttention's win is the "
-           f"HBM traffic it saves on a GPU at long N (the table above: {human_bytes(long_n.naive_bytes)} of S and "
+           f"HBM traffic it saves on a GPU at long N (the table above: {fmt_bytes(long_n.naive_bytes)} of S and "
            "P per layer at 32k tokens)."))

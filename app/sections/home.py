@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.analysis.kv_math import human_bytes, kv_bytes_per_token, weights_bytes
+from app.analysis.kv_math import kv_bytes_per_token, weights_bytes
+from app.formatting import fmt_bytes
 from app.registry import pages_by_section
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
 
@@ -26,8 +27,8 @@ def render_home() -> None:
         model = cfg.name if weights_mode() == "real" else f"random weights ({cfg.name} shape)"
         c[0].metric("Model", model, help=weights.source)
         c[1].metric("Device", device().upper())
-        c[2].metric("Weights", human_bytes(weights_bytes(cfg, elem)), help=f"{dtype_name()} parameters")
-        c[3].metric("KV cache per token", human_bytes(kv_bytes_per_token(cfg, elem)),
+        c[2].metric("Weights", fmt_bytes(weights_bytes(cfg, elem)), help=f"{dtype_name()} parameters")
+        c[3].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(cfg, elem)),
                     help="2 × layers × KV heads × head dim × bytes")
         st.markdown(f":material/bolt: **Kernels:** {backend_summary()}  \n"
                     f":material/info: {cfg.num_layers} layers, {cfg.num_heads} query heads, {cfg.num_kv_heads} KV "

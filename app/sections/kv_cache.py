@@ -8,9 +8,10 @@ from engine.config import ModelConfig
 from engine.trace import StepRecord
 
 from app.analysis.cache_timing import measure_cache_vs_recompute
-from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, human_bytes, kv_bytes_per_token, mla_latent_dims,
+from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, kv_bytes_per_token, mla_latent_dims,
                                   variant_bytes_per_token)
 from app.charts.kv_cache import bytes_vs_tokens, cache_timing, head_variants, kv_growth, long_context
+from app.formatting import fmt_bytes
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -60,11 +61,11 @@ def growth_section(session: EngineSession, record: StepRecord | None, history: l
     pool = record.pool
     c = st.columns(4)
     c[0].metric("Tokens in the cache", f"{pool.filled_tokens:,}")
-    c[1].metric("KV bytes in use", human_bytes(pool.filled_tokens * per_token),
+    c[1].metric("KV bytes in use", fmt_bytes(pool.filled_tokens * per_token),
                 help=f"{pool.filled_tokens} tokens × {per_token:,} bytes")
-    c[2].metric("Reserved by blocks", human_bytes(pool.allocated_tokens * per_token),
+    c[2].metric("Reserved by blocks", fmt_bytes(pool.allocated_tokens * per_token),
                 help=f"{pool.used_blocks} blocks × {pool.block_size} slots × {per_token:,} bytes")
-    c[3].metric("Whole pool", human_bytes(pool.num_blocks * pool.block_size * per_token),
+    c[3].metric("Whole pool", fmt_bytes(pool.num_blocks * pool.block_size * per_token),
                 help=f"{pool.num_blocks} blocks allocated up front as one tensor")
     left, right = st.columns([1.4, 1])
     with left:
@@ -95,7 +96,7 @@ def variants_section(cfg: ModelConfig) -> None:
     for v in attention_variants(cfg):
         for ctx in CONTEXTS:
             rows.append({"variant": v.name, "cached per token and layer": v.short, "context": f"{ctx // 1024}k",
-                         **{f"batch {bsz}": human_bytes(variant_bytes_per_token(cfg, v, DTYPE_BYTES[dtype]) * ctx * bsz)
+                         **{f"batch {bsz}": fmt_bytes(variant_bytes_per_token(cfg, v, DTYPE_BYTES[dtype]) * ctx * bsz)
                             for bsz in (1, 8, 32, 128)}})
     with st.expander(f"Sizing table at {dtype}"):
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")

@@ -8,9 +8,9 @@ import streamlit as st
 from engine.kv_latent.lab import (KIND_LABELS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANKS, LatentLabResult,
                                   LatentSettings, full_rank, stored_latent_lab)
 
-from app.analysis.kv_math import PUBLISHED_CACHES, human_bytes
+from app.analysis.kv_math import PUBLISHED_CACHES
 from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure, tradeoff_figure
-from app.formatting import NO_VALUE, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_bytes, fmt_duration, plural
 from app.runtime import shared_weights
 from app.state import mark_requested, page_settings, progress_reporter, run_on_request, submitted_settings
 from app.table_columns import in_percent_points, share_column
@@ -54,8 +54,8 @@ def mla_section(page: str) -> None:
                "a model a tenth its size.")
     with st.expander("The released models' caches, as a table"):
         rows = [{"model": m.name, "cache": m.kind, "layers": m.layers, "numbers a token and layer": m.shape,
-                 "per token (bf16)": human_bytes(m.bytes_per_token(BF16)),
-                 f"one {CONTEXT // 1024}k request": human_bytes(m.bytes_per_token(BF16) * CONTEXT)}
+                 "per token (bf16)": fmt_bytes(m.bytes_per_token(BF16)),
+                 f"one {CONTEXT // 1024}k request": fmt_bytes(m.bytes_per_token(BF16) * CONTEXT)}
                 for m in PUBLISHED_CACHES]
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     latent_lab_section(page)
@@ -161,11 +161,11 @@ def _answers(result: LatentLabResult) -> None:
     per = chosen.run.cache_numbers_per_token // result.layers
     c[0].metric("Numbers per token", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
                 delta_color="inverse", help="what the latent decoder's cache tensors hold for each token, per layer")
-    c[1].metric("Per token at bf16", human_bytes(chosen.run.cache_numbers_per_token * BF16),
-                help=f"GQA as trained: {human_bytes(full.run.cache_numbers_per_token * BF16)}")
-    c[2].metric("Cache after the answer", human_bytes(chosen.run.cache_bytes),
+    c[1].metric("Per token at bf16", fmt_bytes(chosen.run.cache_numbers_per_token * BF16),
+                help=f"GQA as trained: {fmt_bytes(full.run.cache_numbers_per_token * BF16)}")
+    c[2].metric("Cache after the answer", fmt_bytes(chosen.run.cache_bytes),
                 help="measured: the bytes of the latent decoder's cache tensors (fp32 here) once the answer is "
-                     f"written; the model as trained held {human_bytes(full.run.cache_bytes)} for its answer")
+                     f"written; the model as trained held {fmt_bytes(full.run.cache_bytes)} for its answer")
     c[3].metric("Rebuilding K from latents", f"{chosen.run.rebuild_flops / 1e9:.2f} GFLOP",
                 help="every step multiplies every cached latent by up_k again (RoPE sits between it and the score, "
                      "so it cannot be absorbed): the total over this answer. V is never rebuilt: attention averages "

@@ -16,7 +16,7 @@ from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapte
                                      shaped_deployment, timing_frame, training_line)
 from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench_figure, memory_figure,
                                    spectrum_figure, step_time_figure)
-from app.formatting import NO_VALUE, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_bytes, fmt_duration, plural
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_cache, page_run, page_settings, progress_reporter, submitted_settings
 from app.table_columns import in_percent_points, share_column
@@ -47,7 +47,7 @@ def lora_explanation() -> None:
          "**The same tokens either way**: W′x and Wx + (α/r)B(Ax) are the same sum, rounded differently. Below, "
          "both deployments answer the same prompt and the page checks them token by token.",
          "**The trade**: merge when one fine-tune serves all the traffic; serve unmerged when many fine-tunes share "
-         "one deployment (one base in memory, adapters of a few MB, any mix in one batch)."],
+         "one deployment (one base in memory, adapters of a few MiB, any mix in one batch)."],
         note="A is r × d_in and B is d_out × r, r far below both. Per adapted linear W (d_out × d_in) and token: "
              "the FLOPs of W against what the adapter adds; the bytes of N fine-tunes merged against one base and N "
              "adapters. α/r scales the update (here α = 2r). LoRA trains only A and B; the base weights never "
@@ -299,9 +299,9 @@ def deployment_section(result: MergeResult, page: str) -> None:
     live = live_deployment(fp, "SmolLM2-135M")
     big = shaped_deployment(LLAMA_8B, result.rank, result.targets)
     c = st.columns(4)
-    c[0].metric("Checkpoint (bf16)", f"{fp.checkpoint_bytes / 1e6:,.0f} MB",
+    c[0].metric("Checkpoint (bf16)", fmt_bytes(fp.checkpoint_bytes),
                 help=f"{fp.base_params:,} parameters in the state dict × 2 bytes: one merged fine-tune")
-    c[1].metric("Adapter (bf16)", f"{fp.adapter_bytes / 1e6:,.2f} MB", f"{fp.adapter_share:.1%} of it",
+    c[1].metric("Adapter (bf16)", fmt_bytes(fp.adapter_bytes), f"{fp.adapter_share:.1%} of it",
                 delta_color="off", delta_arrow="off", help=f"{fp.adapter_params:,} parameters of A and B × 2 bytes")
     c[2].metric("Extra FLOPs per token", f"+{fp.extra_flops_share:.1%}", delta_color="off",
                 help=f"2r(d_in + d_out) over the adapted linears: {fp.adapter_flops / 1e6:.2f} MFLOP against "
@@ -309,13 +309,13 @@ def deployment_section(result: MergeResult, page: str) -> None:
                      f"the engine's padded slots compute {fp.served_flops / 1e6:.2f} MFLOP")
     c[3].metric("On one H200", f"{live.merged_fit():,} merged",
                 f"or 1 base + {live.adapters_fit():,} adapters", delta_color="off", delta_arrow="off",
-                help=f"{H200_BYTES / 1e9:.0f} GB, weights only (no KV cache): whole checkpoints, or one base "
-                     "and adapters")
+                help=f"{fmt_bytes(H200_BYTES)} (NVIDIA's {H200_BYTES / 1e9:.0f} GB), weights only (no KV cache): "
+                     "whole checkpoints, or one base and adapters")
     show_figure(memory_figure(memory_frame([live, big]), live, big, H200_BYTES), key=f"{page}-memory", height=470)
     n = 100
-    st.caption(f"At {n} fine-tunes: {live.merged_bytes(n) / 1e9:,.1f} GB merged against "
-               f"{live.unmerged_bytes(n) / 1e9:,.2f} GB unmerged for this model; an 8B model "
-               f"({big.checkpoint_bytes / 1e9:.1f} GB a checkpoint, {big.adapter_bytes / 1e6:.0f} MB an adapter of "
+    st.caption(f"At {n} fine-tunes: {fmt_bytes(live.merged_bytes(n))} merged against "
+               f"{fmt_bytes(live.unmerged_bytes(n))} unmerged for this model; an 8B model "
+               f"({fmt_bytes(big.checkpoint_bytes)} a checkpoint, {fmt_bytes(big.adapter_bytes)} an adapter of "
                f"this shape) fits {big.merged_fit()} merged copies on an H200, or one base and "
                f"{big.adapters_fit():,} adapters. In practice the KV cache needs most of that memory too.")
     left, right = st.columns(2)
@@ -325,7 +325,7 @@ def deployment_section(result: MergeResult, page: str) -> None:
                     "is gone), any kernel or runtime serves it, and each fine-tune is its own deployment.")
     with right.container(border=True):
         st.markdown("**Serve unmerged** when many fine-tunes share a deployment: one base in memory, "
-                    f"{fp.adapter_bytes / 1e6:.1f} MB per extra fine-tune, and requests for different fine-tunes "
+                    f"{fmt_bytes(fp.adapter_bytes)} per extra fine-tune, and requests for different fine-tunes "
                     "batched together, for a little time on every step.")
 
 

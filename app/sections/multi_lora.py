@@ -10,8 +10,7 @@ from engine.trace import StepRecord
 from app.analysis.multi_lora import (BASE, adapter_of, bundled, compare_deployments, lora_extras, lora_seconds,
                                      row_segments, slot_history, summarize, waiting_steps)
 from app.charts.multi_lora import adapter_timeline, batch_rows_figure, comparison_figure, slots_figure
-from app.analysis.kv_math import human_bytes
-from app.formatting import fmt_duration, literal_markdown
+from app.formatting import fmt_bytes, fmt_duration, literal_markdown
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -49,7 +48,7 @@ def missing_adapters_warning() -> None:
 
 def adapters_table() -> None:
     rows = [{"adapter": a.name, "what it learned": a.description, "rank": a.rank, "targets": ", ".join(a.targets),
-             "parameters": f"{a.num_params:,}", "size (fp16)": human_bytes(a.nbytes(2))}
+             "parameters": f"{a.num_params:,}", "size (fp16)": fmt_bytes(a.nbytes(2))}
             for a in bundled().values()]
     if rows:
         # A static table: its cells wrap, so what each adapter learned is read whole on a projector instead
@@ -76,13 +75,13 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     c[3].metric("Waiting for a slot", len(waiting), help=", ".join(waiting) or "nobody")
     counters = lora.get("counters", {})
     c[4].metric("Adapter loads so far", counters.get("loads", 0),
-                help=f"{counters.get('evictions', 0)} evictions; {human_bytes(counters.get('bytes_loaded', 0))} "
+                help=f"{counters.get('evictions', 0)} evictions; {fmt_bytes(counters.get('bytes_loaded', 0))} "
                      "copied to the device")
     notes = []
     for e in lora.get("events", []):
         verb = "loaded into" if e["kind"] == "load" else "evicted from"
         notes.append(f":material/{'download' if e['kind'] == 'load' else 'logout'}: **{e['adapter']}** {verb} "
-                     f"slot {e['slot']}" + (f" ({human_bytes(e['bytes'])})" if e["bytes"] else ""))
+                     f"slot {e['slot']}" + (f" ({fmt_bytes(e['bytes'])})" if e["bytes"] else ""))
     if waiting:
         notes.append(f":material/hourglass_top: ready but no free slot: {', '.join(waiting)}")
     if notes:
@@ -128,7 +127,7 @@ def comparison_section(session: EngineSession, page: str) -> None:
         c[2 * i].metric(f"{s.name}: throughput", f"{s.tokens_per_second:.1f} tok/s",
                         help=f"{s.output_tokens} tokens in {fmt_duration(s.seconds)} of engine time, "
                              f"{s.forward_passes} forward passes, {s.mean_batch:.1f} sequences per batch on average")
-        c[2 * i + 1].metric(f"{s.name}: weights", human_bytes(s.weights_bytes),
+        c[2 * i + 1].metric(f"{s.name}: weights", fmt_bytes(s.weights_bytes),
                             help="what the set-up keeps in memory for the model: one base copy plus the adapters, "
                                  "or one whole checkpoint per fine-tune")
     show_figure(comparison_figure(summaries), key="ml-compare-chart", height=360)

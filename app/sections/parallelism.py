@@ -22,7 +22,7 @@ from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAN
                                       token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, rank_color, split_figure, tp_floor_figure)
-from app.formatting import fmt_duration, plural
+from app.formatting import fmt_bytes, fmt_duration, plural
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import REQUEST_COLORS, show_figure
@@ -167,7 +167,7 @@ def tp_layout_section(result: ParallelResult, page: str) -> None:
     with right:
         w1, wn = result.single.weight_bytes_per_rank[0], max(sharded.weight_bytes_per_rank)
         st.markdown(f"**Memory.** Each rank holds {wn / w1:.1%} of the weights "
-                    f"({replicated_bytes(result) / 1e3:,.0f} kB copied to every rank: the norms) and 1/{tp} of the KV "
+                    f"({fmt_bytes(replicated_bytes(result))} copied to every rank: the norms) and 1/{tp} of the KV "
                     "cache: only its KV heads. That is what lets a model too large for one GPU run at all, and leaves "
                     "room on each GPU for a larger batch or longer contexts.")
         counts = collective_counts(sharded)
@@ -238,7 +238,7 @@ def wire_section(result: ParallelResult, page: str) -> float:
     reduces, gathers = counts.get("all_reduce", 0), counts.get("all_gather", 0)
     latency = st.slider("Assumed latency of one all-reduce (µs), an assumption, not a measurement", 1, 50, 10,
                         key=_key(page, "latency"), help="NCCL over NVLink within a node: roughly 5–20 µs for a "
-                        "few kB; the all-gather of the logits is charged the same")
+                        "few KiB; the all-gather of the logits is charged the same")
     if bench is None:
         st.info(f"**No H200 measurement here yet**: bench/results/parallel_h200.json is missing (`{BENCH_COMMAND}` "
                 "on a GPU machine writes it). The page shows the CPU figures above only.", icon=":material/info:")
@@ -294,7 +294,7 @@ def tp_pays_section(page: str, latency_us: float) -> None:
     st.caption(f"{model.name} ({model.params_b:g} B parameters in bf16, {model.layers} layers, {model.kv_heads} KV "
                f"heads; {model.source}): {where}. Arithmetic, not a run: bytes per GPU over the H200's measured "
                f"device copy ({ref.ceilings.peak_bytes_per_s / 1e12:.2f} TB/s), one GPU holding "
-               f"{ref.memory_bytes / 2**30:.1f} GiB, plus {2 * model.layers + 2} collectives at the latency set "
+               f"{fmt_bytes(ref.memory_bytes)}, plus {2 * model.layers + 2} collectives at the latency set "
                "above. Compute and kernel overheads are left out, so a real step is slower. Unlike the 135M model "
                "above, the bytes TP divides here are far more than the wire it adds.")
 
@@ -398,14 +398,14 @@ def expert_section(page: str) -> None:
         st.dataframe(frame, hide_index=True, width="stretch", column_config={
             "Model": st.column_config.TextColumn(width=150), "GPUs": num(width=56),
             "Experts per GPU": num("Experts/GPU", width=90),
-            "EP weights per GPU (GB)": num("EP GB/GPU", format="%.1f", width=90,
-                                           help="expert parallelism: weights per GPU, GB"),
-            "TP weights per GPU (GB)": num("TP GB/GPU", format="%.1f", width=90,
-                                           help="tensor parallelism: weights per GPU, GB"),
-            "EP all-to-all per token (KB)": num("EP KB/token", format="%.1f", width=100,
-                                                help="expert parallelism: all-to-all bytes per token, KB"),
-            "TP all-reduce per token (KB)": num("TP KB/token", format="%.1f", width=100,
-                                                help="tensor parallelism: all-reduce bytes per token, KB"),
+            "EP weights per GPU (GiB)": num("EP GiB/GPU", format="%.1f", width=90,
+                                           help="expert parallelism: weights per GPU, GiB"),
+            "TP weights per GPU (GiB)": num("TP GiB/GPU", format="%.1f", width=90,
+                                           help="tensor parallelism: weights per GPU, GiB"),
+            "EP all-to-all per token (KiB)": num("EP KiB/token", format="%.1f", width=100,
+                                                help="expert parallelism: all-to-all bytes per token, KiB"),
+            "TP all-reduce per token (KiB)": num("TP KiB/token", format="%.1f", width=100,
+                                                help="tensor parallelism: all-reduce bytes per token, KiB"),
         })
     st.markdown("**Routing imbalance.** The router picks experts per token; some experts are more popular, and the "
                 "GPU holding them gets more tokens. Everyone waits for it.")

@@ -12,7 +12,7 @@ from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode
                                        outlier_stats, result_json, results_frame, worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      method_color, quality_figure)
-from app.formatting import NO_VALUE, fmt_duration
+from app.formatting import NO_VALUE, fmt_bytes, fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.table_columns import in_percent_points, share_column
@@ -132,7 +132,7 @@ def summary_section(result: LabResult, page: str) -> None:
     ref = result.reference
     for col, v in zip(cols, result.outcomes):
         delta = None if v.method is None else f"-{1 - v.weight_bytes / ref.weight_bytes:.0%} bytes"
-        col.metric(v.label.split(" · ")[0], f"{v.weight_bytes / 1e6:,.0f} MB", delta, delta_color="off",
+        col.metric(v.label.split(" · ")[0], fmt_bytes(v.weight_bytes), delta, delta_color="off",
                    help=f"{v.bits_per_weight:.2f} bits per linear weight; chat KL {v.scores['chat'].kl:.3g} nats")
     frame = results_frame(result)
     num = st.column_config.NumberColumn
@@ -141,7 +141,7 @@ def summary_section(result: LabResult, page: str) -> None:
                  column_config={
         "Bits/weight": num("Bits", format="%.2f", width=46, help="bits per linear weight, scales and zero points "
                                                                   "included"),
-        "MB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
+        "MiB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
         "H200 tok/s bound": num("H200 tok/s", format="%,.0f", width=80, help=(
             f"at most: batch-1 decode reads every weight once, so {H200.peak_bytes_per_s / 1e12:.2f} TB/s (the "
             "H200's measured copy bandwidth) / checkpoint bytes")),

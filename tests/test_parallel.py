@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from engine.parallel.collectives import all_gather_bytes, ring_all_reduce_bytes
 from engine.parallel.expert_math import MOE_MODELS, ep_cost, routing_imbalance
 from engine.parallel.generate import generate
+from engine.parallel import lab as parallel_lab
 from engine.parallel.lab import ParallelSettings, run_parallel_lab
 from engine.parallel.pipeline import PipelineRun, StageTask, run_pipeline, schedule, summarize
 from engine.parallel.plan import check_degrees, stage_layers, tp_options
@@ -178,6 +179,20 @@ def test_the_lab_on_random_weights(random_weights, one_torch_thread) -> None:  #
     r = run_parallel_lab(random_weights, ParallelSettings(max_new_tokens=4, micro_batches=3, pipeline_tokens=3))
     assert r.same_tokens and r.sharded.tp == 3 and len(r.pipeline.tokens) == 3
     assert r.pipeline_summary().makespan < r.pipeline_summary().one_device
+
+
+def test_the_prefill_cost_is_the_median_of_several_passes(tiny_weights, monkeypatch) -> None:  # noqa: ANN001
+    """One prefill pass on a shared CPU can take twice the others: the lab keeps the median pass's cost (and
+    the generation's tokens and decode steps as they were)."""
+    model = TensorParallelModel(tiny_weights.config, tiny_weights.state_dict, 2, 64)
+    gen = generate(model, [[1, 2, 3]], 3)
+    cost = lambda seconds: dataclasses.replace(gen.steps[0], rank_seconds=(seconds / 2, seconds / 2))  # noqa: E731
+    extra = iter([cost(0.5), cost(0.2)])
+    monkeypatch.setattr(parallel_lab, "generate", lambda *_a, **_k: dataclasses.replace(gen, steps=(next(extra),)))
+    out = parallel_lab._median_prefill(model, [1, 2, 3], dataclasses.replace(gen, steps=(cost(0.9), *gen.steps[1:])))
+    assert parallel_lab.PREFILL_TIMINGS == 3
+    assert out.steps[0].serial_seconds == pytest.approx(0.5)
+    assert out.steps[1:] == gen.steps[1:] and out.tokens == gen.tokens
 
 
 # ---- expert parallelism (arithmetic) ------------------------------------------------------------------------

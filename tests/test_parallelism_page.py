@@ -89,12 +89,13 @@ def test_split_rows_are_the_shards_ranges(tiny_weights) -> None:  # noqa: ANN001
         assert rows[4].spans[r] == (sh.vocab.start, sh.vocab.stop)
 
 
-def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
+def test_tables_and_charts_of_a_run(tiny_result, tiny_weights) -> None:  # noqa: ANN001
     r = tiny_result
     mem = memory_frame(r)
     assert list(mem["Where"]) == ["TP = 1: the one GPU", "TP = 2: rank 0", "TP = 2: rank 1"]
     assert mem["KV cache (MiB)"].iloc[1] == pytest.approx(mem["KV cache (MiB)"].iloc[0] / 2)
-    assert 0 < replicated_bytes(r) < r.single.weight_bytes_per_rank[0] / 10
+    norms = sum(t.numel() * t.element_size() for k, t in tiny_weights.state_dict.items() if k.endswith("norm.weight"))
+    assert replicated_bytes(r) == norms  # one copy of the norms, what each rank holds in full
     assert collective_counts(r.sharded) == {"all_reduce": 2 * 2 + 1, "all_gather": 1}
     coll = collective_frame(r.sharded)
     assert list(coll["Per step"]) == [1, 2, 2, 1] and coll["Collective"].iloc[-1].startswith("all-gather")

@@ -93,8 +93,11 @@ def memory_frame(result: ParallelResult) -> pd.DataFrame:
 
 
 def replicated_bytes(result: ParallelResult) -> int:
-    """What every rank holds in full (the norms): the sharded ranks' total minus the single copy."""
-    return sum(result.sharded.weight_bytes_per_rank) - result.single.weight_bytes_per_rank[0]
+    """What each rank holds in full (the norms): the sharded ranks' total minus the single copy is tp - 1 extra
+    copies of it (the page once printed that total as the size of one copy, twice the norms at TP = 3)."""
+    extra_copies = len(result.sharded.weight_bytes_per_rank) - 1
+    surplus = sum(result.sharded.weight_bytes_per_rank) - result.single.weight_bytes_per_rank[0]
+    return surplus // extra_copies if extra_copies else 0
 
 
 SITE_LABELS = {"embed": "all-reduce · embedding",

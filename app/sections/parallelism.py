@@ -9,7 +9,7 @@ import streamlit as st
 from engine.config import ModelConfig
 from engine.parallel.expert_math import MOE_MODELS
 from engine.parallel.lab import (MAX_MICRO_BATCHES, MAX_NEW_TOKENS, MAX_PIPELINE_TOKENS, MAX_PROMPT_CHARS,
-                                 ParallelResult, ParallelSettings, run_parallel_lab)
+                                 PREFILL_TIMINGS, ParallelResult, ParallelSettings, run_parallel_lab)
 from engine.parallel.plan import MAX_PP, MAX_TP
 from engine.parallel.tp_scaling import DENSE_MODELS
 from kernels.ceilings import REFERENCE_CEILINGS
@@ -200,8 +200,8 @@ def tp_timing_section(result: ParallelResult, page: str) -> None:
         f"**Here** they ran one after another ({decode.serial:.1f} ms), no faster than one rank with the whole "
         f"model ({decode.one_rank:.1f} ms). A decode step's compute on {tp} GPUs would be "
         f"{decode.critical / max(decode.one_rank, 1e-9):.0%} of one GPU's, not 1/{tp}: its matmuls are small, and "
-        "each rank pays the same fixed costs per call. The prefill's larger matmuls divide better, but its bars "
-        "are single passes (after one untimed warm-up pass); the decode bars are medians."
+        "each rank pays the same fixed costs per call. The prefill's larger matmuls divide better. Every bar is a "
+        f"median: the prefill's of {PREFILL_TIMINGS} passes (after one untimed warm-up), the decode's of its steps."
         if tp > 1 else
         "At TP = 1 there is one rank: choose 3 in the form to split the model.")
 

@@ -64,7 +64,7 @@ def test_memory_table_follows_the_formula() -> None:
     from engine.config import ModelConfig
     frame = memory_frame(ModelConfig(), 1.0, 1024).set_index("Format")
     assert frame.loc["BF16", "Bytes per token"] == 2 * 30 * 3 * 64 * 2 == 23040
-    assert frame.loc["FP32", "vs BF16"] == pytest.approx(0.5)
+    assert frame.loc["FP32", "Fits vs BF16"] == pytest.approx(0.5)
     # INT4 in groups of 32: half a byte a number plus an fp16 scale and zero per 32 numbers.
     assert frame.loc["INT4 (groups of 32)", "Bytes per token"] == 2 * 30 * 3 * (32 + 2 * 2 * 2)
     assert frame.loc["BF16", "Tokens that fit"] == 2**30 // 23040

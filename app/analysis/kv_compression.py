@@ -129,7 +129,7 @@ def memory_frame(cfg: ModelConfig, gib: float, context: int) -> pd.DataFrame:
         b = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         tokens = gib * 2**30 / b
         rows.append({"Format": fmt.label, "Bits per number": fmt.bits, "Bytes per token": b,
-                     "vs BF16": bf16 / b, "Tokens that fit": int(tokens),
+                     "Fits vs BF16": bf16 / b, "Tokens that fit": int(tokens),
                      f"Sequences of {context:,} tokens": int(tokens // context)})
     return pd.DataFrame(rows)
 

@@ -298,7 +298,9 @@ def memory_section(page: str) -> None:
     frame = memory_frame(cfg, float(gib), int(context))
     st.dataframe(frame, hide_index=True, width="stretch", column_config={
         "Bytes per token": st.column_config.NumberColumn(format="%,.0f"),
-        "vs BF16": st.column_config.NumberColumn(format="%.2f×"),
+        # Not "vs BF16": the results table above uses that header for size (INT4 0.31×), this one is capacity.
+        "Fits vs BF16": st.column_config.NumberColumn(format="%.2f×", help="tokens this format holds in the budget "
+                                                      "over what BF16 holds: BF16's bytes per token over its own"),
         "Tokens that fit": st.column_config.NumberColumn(format="%,d"),
         f"Sequences of {int(context):,} tokens": st.column_config.NumberColumn(format="%,d"),
     })

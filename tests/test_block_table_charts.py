@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from app.charts.block_tables import (BLOCK_LABEL_PX, GRAPH_MARGIN_PX, GRAPH_MAX_PX, GRAPH_Y_SPAN, graph_height,
-                                     label_stride, mapping_graph, mapping_graph_height)
+from app.charts.block_tables import (BLOCK_LABEL_PX, GRAPH_MARGIN_PX, GRAPH_MAX_PX, GRAPH_Y_SPAN, block_table_grid,
+                                     graph_height, label_stride, mapping_graph, mapping_graph_height)
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -36,3 +36,14 @@ def test_every_block_labelled_while_they_fit(tiny_weights) -> None:  # noqa: ANN
     labels = [t for t in fig.data[-1].text if t]
     assert labels == [str(b) for b in blocks]
     assert len(fig.data[-1].hovertext) == len(blocks)
+
+
+def test_an_empty_table_panel_says_why(tiny_weights) -> None:  # noqa: ANN001
+    """Before a prompt is admitted nothing holds blocks; after the last request finishes its blocks are free
+    again, and the panel says so instead of looking broken."""
+    engine = LLMEngine(EngineConfig(num_blocks=16, block_size=4, max_model_len=64), tiny_weights)
+    engine.add_request("one two three", SamplingParams(max_tokens=2, ignore_eos=True))
+    records = [engine.step() for _ in range(3)]
+    assert records[0].block_tables and not records[-1].block_tables
+    text = block_table_grid(records[-1], ["r0"]).layout.annotations[0].text
+    assert text == "all requests finished: their blocks are free again"

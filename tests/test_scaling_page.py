@@ -145,3 +145,13 @@ def test_votes_of_running_samples_are_drawn_apart_from_final_ones() -> None:
     assert bars[1].name.startswith("still writing") and fig.layout.showlegend
     final = answer_votes_figure({"4": 3}, "4")
     assert len([t for t in final.data if t.type == "bar"]) == 1 and not final.layout.showlegend
+
+
+def test_a_sample_line_says_none_yet_only_while_the_sample_writes() -> None:
+    from app.widgets.sample_strips import sample_head_html
+    base = dict(label="q#0", answer=None, correct=None, mean_logprob=-1.5, num_tokens=12)
+    assert "answer <b>none yet</b> ·" in sample_head_html({**base, "finish_reason": ""}, [])
+    done = sample_head_html({**base, "finish_reason": "stop"}, [])
+    assert "answer <b>none</b> ·" in done and "✗" not in done  # no number written: nothing to mark
+    running = sample_head_html({**base, "answer": "7", "correct": True, "finish_reason": ""}, ["majority vote"])
+    assert "<b>7</b> so far ✓" in running and running.endswith("picked by majority vote")

@@ -22,6 +22,13 @@ def _ordered_tables(record: StepRecord, order: list[str]):
     return sorted(record.block_tables, key=lambda t: rank.get(t.request_id, len(rank)))
 
 
+def empty_tables_text(record: StepRecord) -> str:
+    """Why no table is drawn: at the end of a run "no sequence holds blocks" read like a broken panel."""
+    if record.requests and all(q.status == "finished" for q in record.requests):
+        return "all requests finished: their blocks are free again"
+    return "no sequence holds blocks at this step"
+
+
 def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
     tables = _ordered_tables(record, order)
     bs = record.pool.block_size
@@ -29,7 +36,7 @@ def block_table_grid(record: StepRecord, order: list[str]) -> go.Figure:
     if not tables:  # a lone "0" tick under an empty plot read as a broken chart
         fig.update_layout(title=dict(text="Block tables", subtitle=dict(text="each cell holds a physical block id")),
                           xaxis=dict(visible=False), yaxis=dict(visible=False), margin=dict(l=70, r=10, t=60, b=50))
-        fig.add_annotation(text="no sequence holds blocks at this step", x=0.5, y=0.5, xref="paper", yref="paper",
+        fig.add_annotation(text=empty_tables_text(record), x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(color=MUTED, size=14))
         return fig
     xs, ys, texts, hovers, inks = [], [], [], [], []

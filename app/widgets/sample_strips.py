@@ -55,20 +55,26 @@ def strip_html(sample: dict[str, Any], tokenizer: Tokenizer, new_from: int = 1 <
     return f'<div class="tt-strip">{"".join(chips)}</div>'
 
 
+def sample_head_html(s: dict[str, Any], picked_by: list[str]) -> str:
+    """A sample's line above its tokens: label, answer (with "so far" while it writes), mark, score, length."""
+    tag = f" · picked by {', '.join(picked_by)}" if picked_by else ""
+    # "none yet" while it writes; a finished sample without a number ("Final answer: x") has none for good.
+    answer = s["answer"] if s["answer"] is not None else ("none" if finished(s) else "none yet")
+    # No mark before a sample has an answer: "none yet ✗" read as a wrong answer.
+    right = "" if s["correct"] is None or s["answer"] is None else (" ✓" if s["correct"] else " ✗")
+    score = "–" if s["mean_logprob"] == float("-inf") else f"{s['mean_logprob']:.2f}"
+    # A running sample's answer is what its text says so far ("10" after "1 0 ↵" may become "10 apples").
+    so_far = " so far" if s["answer"] is not None and not finished(s) else ""
+    return (f"<b>{html.escape(s['label'])}</b> · answer <b>{html.escape(answer)}</b>{so_far}{right} · mean log p "
+            f"{score} · {s['num_tokens']} tokens{html.escape(tag)}")
+
+
 def sample_strips(samples: list[dict[str, Any]], previous: dict[str, int], picks: dict[int, list[str]],
                   tokenizer: Tokenizer) -> None:
     """`previous`: each sample's output length one step earlier (what is new now)."""
     rows = [_CSS]
     for i, s in enumerate(samples):
-        tag = f" · picked by {', '.join(picks[i])}" if i in picks else ""
-        answer = s["answer"] if s["answer"] is not None else "none yet"
-        # No mark before a sample has an answer: "none yet ✗" read as a wrong answer.
-        right = "" if s["correct"] is None or s["answer"] is None else (" ✓" if s["correct"] else " ✗")
-        score = "–" if s["mean_logprob"] == float("-inf") else f"{s['mean_logprob']:.2f}"
-        # A running sample's answer is what its text says so far ("10" after "1 0 ↵" may become "10 apples").
-        so_far = " so far" if s["answer"] is not None and not finished(s) else ""
-        head = (f"<b>{html.escape(s['label'])}</b> · answer <b>{html.escape(answer)}</b>{so_far}{right} · mean log p "
-                f"{score} · {s['num_tokens']} tokens{html.escape(tag)}")
+        head = sample_head_html(s, picks.get(i, []))
         rows.append(f'<div class="tt-row"><div class="tt-head">{head}</div>'
                     f'{strip_html(s, tokenizer, previous.get(s["label"], 0))}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)

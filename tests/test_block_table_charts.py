@@ -46,4 +46,4 @@ def test_an_empty_table_panel_says_why(tiny_weights) -> None:  # noqa: ANN001
     records = [engine.step() for _ in range(3)]
     assert records[0].block_tables and not records[-1].block_tables
     text = block_table_grid(records[-1], ["r0"]).layout.annotations[0].text
-    assert text == "all requests finished: their blocks are free again"
+    assert text == "all requests finished: their blocks are on the free list"

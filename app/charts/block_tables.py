@@ -25,7 +25,7 @@ def _ordered_tables(record: StepRecord, order: list[str]):
 def empty_tables_text(record: StepRecord) -> str:
     """Why no table is drawn: at the end of a run "no sequence holds blocks" read like a broken panel."""
     if record.requests and all(q.status == "finished" for q in record.requests):
-        return "all requests finished: their blocks are free again"
+        return "all requests finished: their blocks are on the free list"
     return "no sequence holds blocks at this step"
 
 

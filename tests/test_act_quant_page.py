@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 from engine.act_quant.lab import VARIANTS, ActLabSettings, run_lab
 
 import app.sections.act_quant as section
-from app.analysis.act_quant import (channel_view, fp8_speedup, outlier_frame, result_json, results_frame,
-                                    worst_layer)
+from app.analysis.act_quant import (channel_view, fp8_speedup, median_channel_levels, outlier_frame, result_json,
+                                    results_frame, worst_layer)
 from app.charts.act_quant import (alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, tick_label,
                                   variant_color)
 from app.formatting import NO_VALUE
@@ -98,3 +98,10 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert not at.exception
     assert [e.value for e in at.error] == ["The run failed: out of memory (simulated)"]
     assert len(at.get("plotly_chart")) == 4
+
+
+def test_the_median_channels_share_of_int8_levels_reads_sensibly() -> None:
+    """At 3,727× the caption printed "about 0.0 of its levels": below half a level it says the values round to 0."""
+    assert "0.034 of one level: every value it holds rounds to zero" in median_channel_levels(3727)
+    assert "about 4 of its 127 levels: most of its values round" in median_channel_levels(30)
+    assert median_channel_levels(10).endswith("about 13 of its 127 levels.")

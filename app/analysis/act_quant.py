@@ -87,6 +87,19 @@ def channel_view(result: ActLabResult, layer: int, inp: str, stat: Stat) -> Chan
     return ChannelView(layer, inp, stat, before, after, np.argsort(before)[::-1][:top], _ratio(before), _ratio(after))
 
 
+def median_channel_levels(ratio: float) -> str:
+    """What a per-tensor INT8 scale (max|x| / 127) leaves the median channel when the largest channel is `ratio`
+    times it. Below one level the count itself is meaningless ("about 0.0 of its levels" was printed for 3,727×):
+    say that its values round to zero."""
+    levels = 127 / max(ratio, 1.0)
+    if levels < 0.5:
+        return (f"A per-tensor INT8 scale is max|x| / 127, so before smoothing the median channel here spans "
+                f"{levels:.2g} of one level: every value it holds rounds to zero.")
+    crowded = ": most of its values round to a handful of numbers." if levels < 127 / 20 else "."
+    return (f"A per-tensor INT8 scale is max|x| / 127, so before smoothing the median channel here spans about "
+            f"{levels:.0f} of its 127 levels{crowded}")
+
+
 def worst_layer(result: ActLabResult, inp: str, stat: Stat = "max") -> int:
     """The layer whose `inp` has the most extreme channel: the default one to look at."""
     frame = outlier_frame(result)

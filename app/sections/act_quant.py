@@ -7,8 +7,8 @@ from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, MAX_CALIBRATION_TOKENS, MAX
                                   ActLabResult, ActLabSettings, stored_lab)
 from engine.weight_quant.texts import WINDOW
 
-from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, channel_view, fp8_speedup, outlier_frame,
-                                    result_json, results_frame, worst_layer)
+from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, channel_view, fp8_speedup,
+                                    median_channel_levels, outlier_frame, result_json, results_frame, worst_layer)
 from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, variant_color
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, shared_weights, weights_mode
@@ -115,10 +115,7 @@ def outliers_section(result: ActLabResult, page: str) -> None:
     st.caption(f"SmoothQuant at α = {result.settings.alpha:g} divides channel j by s_j (and multiplies the weights "
                f"that read it by s_j): the largest {STAT_LABELS[stat]} goes from {view.ratio_before:,.0f}× to "
                f"{view.ratio_after:,.1f}× the median."
-               + (f" A per-tensor INT8 scale is max|x| / 127, so before smoothing the median channel here spans "
-                  f"about {127 / max(view.ratio_before, 1):.1f} of its levels"
-                  + (": most of its values round to a handful of numbers." if view.ratio_before > 20 else ".")
-                  if stat == "max" else ""))
+               + (" " + median_channel_levels(view.ratio_before) if stat == "max" else ""))
     show_figure(outlier_ratio_figure(outlier_frame(result), stat), key=f"{page}-ratios", height=420)
 
 

@@ -115,6 +115,10 @@ def test_measure_accuracy_vs_n(random_app: AppTest, monkeypatch) -> None:  # noq
     run = at.session_state[f"page-cache:{PREFIX}"]["accuracy"]
     assert run.n == 8 and len(run.outcomes) == 2
     assert any("Measured now" in c.value for c in at.caption)
+    # N, the tokens each point spent (the chart's x), then one column per rule
+    table = next(d.value for d in at.dataframe if "tokens per question" in d.value.columns)
+    assert list(table["N"]) == [1, 2, 4, 8] and list(table.columns[:2]) == ["N", "tokens per question"]
+    assert table["tokens per question"].is_monotonic_increasing and "majority vote" in table.columns
 
 
 def test_closed_form_pass_at_n_uses_each_questions_p() -> None:

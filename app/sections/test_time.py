@@ -235,10 +235,15 @@ def accuracy_section(session: EngineSession, page: str) -> None:
         points = accuracy_curve(run, (1, 2, 4, 8))
         closed = pass_at_n_closed_form(run, (1, 2, 4, 8))
         show_figure(scaling_curve_figure(points, closed_form=closed), key="ttc-scaling", height=400)
-        table = pd.DataFrame([{"N": p.k, "rule": p.rule, "accuracy (%)": round(100 * p.accuracy, 1),
-                               "tokens per question": round(p.tokens_per_question, 1)} for p in points])
-        st.dataframe(table.pivot(index="N", columns="rule", values="accuracy (%)").reset_index(), hide_index=True,
-                     width="stretch")
+        table = pd.DataFrame([{"N": p.k, "rule": p.rule, "accuracy (%)": 100 * p.accuracy,
+                               "tokens per question": p.tokens_per_question} for p in points])
+        wide = table.pivot(index="N", columns="rule", values="accuracy (%)").reset_index()
+        rules = [c for c in wide.columns if c != "N"]
+        # The x axis of the chart: every rule reads the same N samples, so one token count per N.
+        wide.insert(1, "tokens per question", table.groupby("N")["tokens per question"].first().to_numpy())
+        st.dataframe(wide, hide_index=True, width="stretch", column_config={
+            "tokens per question": st.column_config.NumberColumn(format="%.0f"),
+            **{r: st.column_config.NumberColumn(format="%.1f%%", help="questions right") for r in rules}})
         best = max(points, key=lambda p: p.accuracy if p.rule != "oracle (pass@N)" else -1)
         st.caption(f"Measured now: {fmt_duration(run.wall_seconds)}, {run.steps} engine steps, "
                    f"{run.tokens_computed:,} tokens computed; one sample is right {100 * single_sample_accuracy(run):.0f} % "

@@ -71,6 +71,9 @@ _PRESENT_CSS = """
     font-size: 1.9rem !important;
   }
   [data-testid="stMetricLabel"] p { font-size: 1.05rem !important; }
+  /* What the form holds (a prompt, "128" in a select box) grew with nothing else: as large as the labels. */
+  [data-testid="stMainBlockContainer"] input, [data-testid="stMainBlockContainer"] textarea,
+  [data-testid="stMainBlockContainer"] [data-baseweb="select"] * { font-size: 1.05rem !important; }
 </style>
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.analysis.chunked import ChunkRun, compare_chunking, token_gaps, worst_stall
+from app.analysis.chunked import ChunkRun, compare_chunking, median_gap, token_gaps, worst_stall
 from app.analysis.trace_metrics import cumulative_clock
 from app.charts.chunked import (PREFILL_BAND, compare_gaps_figure, gap_figure_height, gap_request_ids,
                                 token_gap_figure)
@@ -107,3 +107,5 @@ def test_no_gaps_yet_says_so(runs) -> None:  # noqa: ANN001
     records = list(runs["chunked"].records)[:1]
     fig = token_gap_figure(records, ORDER)
     assert any("no request has two tokens yet" in a.text for a in fig.layout.annotations)
+    # and the metric beside it has no median to show (it printed "0 ms")
+    assert median_gap(records) is None and median_gap(list(runs["chunked"].records)) > 0

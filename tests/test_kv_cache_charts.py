@@ -29,3 +29,17 @@ def test_latest_step_label_stays_on_the_chart(random_weights) -> None:  # noqa: 
     # At the origin: pointing right, into the chart (up and left it ran off over the y axis).
     assert (label.x, label.ax, label.xanchor) == (0, 40, "left")
     assert label.text == f"step {records[-1].step}: every block freed"
+
+
+def test_charts_of_one_step_draw_points(random_weights) -> None:  # noqa: ANN001
+    """Scrubbed to step 0 (the prefill) a chart has one point per trace: as lines alone they drew nothing under
+    metrics saying 1.9 MiB in use."""
+    from app.charts.batching import batch_over_steps
+    from app.charts.kv_cache import kv_growth
+    engine = LLMEngine(EngineConfig(num_blocks=16, max_model_len=128), random_weights)
+    engine.add_request(list(range(100, 130)), SamplingParams(max_tokens=4, ignore_eos=True))
+    first = [engine.step()]
+    assert all("markers" in t.mode for t in kv_growth(first, 2 * 30 * 3 * 64 * 4, ["r0"]).data)
+    assert "markers" in batch_over_steps(first, ["r0"]).data[-1].mode
+    both = [*first, engine.step()]
+    assert all(t.mode == "lines" for t in kv_growth(both, 2 * 30 * 3 * 64 * 4, ["r0"]).data)

@@ -48,7 +48,7 @@ def test_fewer_bits_keep_fewer_drafts(real_weights, real_lab) -> None:  # noqa: 
     assert by["int8"].tokens_per_pass > 2.0 > by["int2"].tokens_per_pass
     assert r.run("int8", 4).acceptance < by["int8"].acceptance  # rounded weights guess worse
     frame = runs_frame(r)
-    assert list(frame["same text"]) == ["yes"] * 8 and set(frame["draft's weights"]) == {"16-bit", "INT4"}
+    assert list(frame["same text"]) == ["yes"] * 8 and set(frame["draft's weights"]) == {"the target's", "INT4"}
 
 
 def test_truncate_keeps_the_first_tokens() -> None:

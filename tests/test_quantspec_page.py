@@ -50,3 +50,15 @@ def test_a_failing_run_is_a_message(random_app: AppTest, monkeypatch: pytest.Mon
     assert not at.exception
     assert any("The self-speculation run failed: the cache store is gone" in e.value for e in at.error)
     assert TITLE in [s.value for s in at.subheader]
+
+
+def test_the_best_run_is_the_smaller_cache_on_a_tie() -> None:
+    """INT4 and INT8 draft caches both reached 5.00 tokens a pass: the metric named INT8 (the first), as if the
+    best result needed the bigger cache."""
+    import types
+    from app.analysis.quantspec import best_run, draft_weights_label
+    def run(fmt: str, tpp: float, b: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(kv_format=fmt, tokens_per_pass=tpp, draft_bytes_per_token=b)
+    result = types.SimpleNamespace(runs=[run("int8", 5.0, 11880), run("int4", 5.0, 7200), run("int2", 3.0, 4320)])
+    assert best_run(result).kv_format == "int4"
+    assert draft_weights_label(16) == "the target's" and draft_weights_label(4) == "INT4"

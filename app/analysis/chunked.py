@@ -71,10 +71,11 @@ def worst_stall(records: list[StepRecord], exclude: str | None = None) -> TokenG
     return max(gaps, key=lambda g: g.gap_s, default=None)
 
 
-def median_gap(records: list[StepRecord], exclude: str | None = None) -> float:
+def median_gap(records: list[StepRecord], exclude: str | None = None) -> float | None:
+    """None until some request has two tokens (the page shows "–", not "0 ms")."""
     exclude = exclude if exclude is not None else longest_prompt_request(records)
     gaps = sorted(g.gap_s for g in token_gaps(records) if g.request_id != exclude)
-    return gaps[len(gaps) // 2] if gaps else 0.0
+    return gaps[len(gaps) // 2] if gaps else None
 
 
 # ---- chunked vs prefill-first, measured --------------------------------------------------------------

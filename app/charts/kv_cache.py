@@ -29,17 +29,19 @@ def kv_growth(records: list[StepRecord], bytes_per_token: int, order: list[str])
     owners = [o for o in order if any(o in d for d in per_step)]
     owners += sorted({o for d in per_step for o in d} - set(owners))
     fig = go.Figure()
+    # One recorded step (the prefill, where a lecturer scrubs first) is one point: a line alone draws nothing.
+    mode = "lines+markers" if len(steps) == 1 else "lines"
     for owner in owners:
         toks = [d.get(owner, 0) for d in per_step]
         fig.add_scatter(
-            x=steps, y=[t * bytes_per_token / MIB for t in toks], name=owner, stackgroup="kv", mode="lines",
+            x=steps, y=[t * bytes_per_token / MIB for t in toks], name=owner, stackgroup="kv", mode=mode,
             line=dict(width=0.5, color=owner_color(owner, order)), customdata=toks,
             hovertemplate="step %{x}: %{customdata} tokens = %{y:.2f} MiB<extra>%{fullData.name}</extra>",
         )
     allocated = [r.pool.used_blocks * r.pool.block_size for r in records]
     fig.add_scatter(
         x=steps, y=[a * bytes_per_token / MIB for a in allocated], name="reserved by blocks",
-        mode="lines", line=dict(color=MUTED, dash="dash", width=2, shape="hv"), customdata=allocated,
+        mode=mode, line=dict(color=MUTED, dash="dash", width=2, shape="hv"), customdata=allocated,
         hovertemplate="step %{x}: %{customdata} slots in used blocks = %{y:.2f} MiB<extra></extra>",
     )
     fig.update_layout(title="KV cache held after each step", xaxis_title="engine step",

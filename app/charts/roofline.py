@@ -378,6 +378,6 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     fig.update_yaxes(range=[0, top2 * 1.25], row=1, col=2)
     if not any(v is not None for v in tpot):
         fig.add_annotation(x=0.5, y=0.5, xref="x2 domain", yref="y2 domain", showarrow=False,
-                           text="needs two tokens:<br>step once more", font=dict(color=MUTED, size=13))
+                           text="no request has two tokens<br>at this step", font=dict(color=MUTED, size=13))
     fig.update_layout(showlegend=False)
     return fig

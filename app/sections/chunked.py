@@ -49,7 +49,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                 help=f"{record.num_prefill_tokens} prompt-chunk + {record.num_decode_tokens} decode")
     m[2].metric("Iteration time", f"{record.wall_seconds * 1e3:.0f} ms",
                 help=f"forward pass {record.forward_seconds * 1e3:.0f} ms")
-    m[3].metric("Median time between tokens", f"{median_gap(history) * 1e3:.0f} ms",
+    median = median_gap(history)
+    m[3].metric("Median time between tokens", "–" if median is None else f"{median * 1e3:.0f} ms",
                 help="of the requests other than the longest prompt, up to this step")
     m[4].metric("Worst stall so far", f"{worst.gap_s * 1e3:.0f} ms" if worst else "–",
                 help=f"{worst.request_id} waited this long for its token at step {worst.step}" if worst else None)

@@ -14,7 +14,7 @@ from engine.speculative.quantspec import (MAX_GAMMA, SELF_SPEC_FORMATS, SelfSpec
                                           run_self_spec_lab)
 
 from app.analysis.kv_quant_kernel import load_measured
-from app.analysis.quantspec import CONTEXTS, runs_frame, speedup_frame
+from app.analysis.quantspec import CONTEXTS, best_run, draft_weights_label, runs_frame, speedup_frame
 from app.charts.quantspec import rounds_figure, speedup_figure
 from app.runtime import device, device_label, dtype_name, shared_weights
 from app.sections.kv_compression import server_lab
@@ -88,15 +88,15 @@ def quantspec_section(page: str) -> None:
     if result is None:
         return
     same = all(r.tokens == result.plain for r in result.runs)
-    best = max(result.runs, key=lambda r: r.tokens_per_pass)
+    best = best_run(result)
     c = st.columns(4)
     c[0].metric("Same text as the target alone", "yes" if same else "NO",
                 help="self-speculation is lossless: every format's text against the target decoding alone, one "
                      "token a pass, on the same path (the table says which, if one differs: in bf16 a near-tie "
                      "between two tokens can be decided differently by a one-token and a several-token pass)")
     c[1].metric("Best tokens per target pass", f"{best.tokens_per_pass:.2f}",
-                help=f"{FORMATS[best.kv_format].label} cache, {best.draft_weight_bits}-bit weights; plain decoding "
-                     "is 1")
+                help=f"{FORMATS[best.kv_format].label} cache, {draft_weights_label(best.draft_weight_bits)} "
+                     "weights; plain decoding is 1")
     c[2].metric("Its acceptance", f"{best.acceptance:.0%}", help="drafted tokens the target kept")
     c[3].metric("Its cache per token", f"{best.draft_bytes_per_token / 1024:.1f} KiB",
                 help=f"the stored format's codes and scales; the target's: {best.target_bytes_per_token / 1024:.1f} "
@@ -118,7 +118,7 @@ def quantspec_section(page: str) -> None:
     shown = c[0].radio("Rounds of the draft cache", list(SELF_SPEC_FORMATS), index=SELF_SPEC_FORMATS.index("int4"),
                        horizontal=True, key=f"{lab}-shown", format_func=lambda f: FORMATS[f].label.split(" (")[0])
     bits = c[1].radio("with draft weights", list(result.weight_bits), horizontal=True, key=f"{lab}-bits",
-                      format_func=lambda b: "16-bit" if b == 16 else f"INT{b}")
+                      format_func=draft_weights_label)
     show_figure(rounds_figure(result.run(shown, bits), shared_weights().tokenizer.decode), key=f"{lab}-rounds",
                 height=400, export_width=1100)
     show_figure(speedup_figure(speedup_frame(shared_weights().config, result)), key=f"{lab}-speedup", height=420,

@@ -43,3 +43,16 @@ def test_charts_of_one_step_draw_points(random_weights) -> None:  # noqa: ANN001
     assert "markers" in batch_over_steps(first, ["r0"]).data[-1].mode
     both = [*first, engine.step()]
     assert all(t.mode == "lines" for t in kv_growth(both, 2 * 30 * 3 * 64 * 4, ["r0"]).data)
+
+
+def test_a_trend_inside_the_noise_is_called_flat() -> None:
+    """Per-token decode times on a busy CPU scatter by milliseconds: a fitted slope through them is named only
+    when the line moves more over the run than the points scatter around it."""
+    from app.analysis.cache_timing import CacheTiming
+    from app.charts.kv_cache import cache_timing
+    n = 24
+    noisy = tuple(50.0 + (7.0 if i % 2 else -7.0) - 0.05 * i for i in range(n))  # drift 1.2 ms, scatter 7 ms
+    growing = tuple(50.0 + 4.0 * i for i in range(n))
+    t = CacheTiming(20, tuple(range(20, 20 + n)), noisy, growing, (1,) * n, tuple(range(20, 20 + n)), True, "")
+    names = [tr.name for tr in cache_timing(t).data if tr.name and tr.name.startswith("trend")]
+    assert names == ["trend +4 ms per token", "trend: flat (drift within the noise)"]

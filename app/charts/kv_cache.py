@@ -131,12 +131,18 @@ def long_context(cfg: ModelConfig, contexts: list[int], batch: int, dtype: str) 
     return fig
 
 
-def _trend(xs: list[int], ys: tuple[float, ...]) -> tuple[list[float], float] | None:
-    """Least-squares line through the decode tokens (token 1 is the shared prefill)."""
+def _trend(xs: list[int], ys: tuple[float, ...]) -> tuple[list[float], str] | None:
+    """Least-squares line through the decode tokens (token 1 is the shared prefill), and its legend name: the
+    slope, or "flat" when the line moves less over the run than the points scatter around it (a fitted
+    "-1.1 ms per token" through noise said decoding got faster as the context grew)."""
     if len(xs) < 4:
         return None
     slope, intercept = np.polyfit(xs[1:], ys[1:], 1)
-    return [slope * x + intercept for x in xs[1:]], float(slope)
+    line = [slope * x + intercept for x in xs[1:]]
+    scatter = float(np.std(np.asarray(ys[1:]) - np.asarray(line)))
+    drift = abs(slope) * (xs[-1] - xs[1])
+    name = f"trend {slope:+.2g} ms per token" if drift > scatter else "trend: flat (drift within the noise)"
+    return line, name
 
 
 def cache_timing(t: CacheTiming) -> go.Figure:
@@ -155,8 +161,8 @@ def cache_timing(t: CacheTiming) -> go.Figure:
                         marker=dict(size=6), customdata=t.context_lens, hovertemplate=hover, row=1, col=1)
         fit = _trend(idx, ys)
         if fit:
-            line, slope = fit
-            fig.add_scatter(x=idx[1:], y=line, mode="lines", name=f"trend {slope:+.2g} ms per token",
+            line, name = fit
+            fig.add_scatter(x=idx[1:], y=line, mode="lines", name=name,
                             line=dict(color=color, width=3, dash="dash"), hoverinfo="skip", row=1, col=1)
     typical = float(np.percentile(t.without_cache_ms, 90)) if t.without_cache_ms else 1.0
     clipped = sum(1 for y in (*t.with_cache_ms, *t.without_cache_ms) if y > typical * 1.6)

@@ -31,7 +31,9 @@ def tokens_vs_budget(splits: list[StepSplit], budget: int, selected: int | None 
     fig.add_bar(x=steps, y=[s.decode_tokens for s in splits], name="decode tokens (1 per running request)",
                 marker_color=DECODE, hovertemplate="step %{x}: %{y} decode tokens<extra></extra>")
     fig.add_hline(y=budget, line=dict(color="#111827", dash="dash", width=2),
-                  annotation_text=f"budget max_num_batched_tokens = {budget}", annotation_position="top left")
+                  annotation_text=f"budget max_num_batched_tokens = {budget}", annotation_position="top left",
+                  # on a white ground: the selected step's dotted line ran through the words when scrubbed to 0
+                  annotation=dict(bgcolor="rgba(255,255,255,0.9)"))
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     top = max([budget] + [s.prefill_tokens + s.decode_tokens for s in splits])

@@ -133,7 +133,7 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                        bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=exact_m, line=dict(color=MUTED, dash="dot"), row=1, col=1)
     fig.add_hline(y=exact_l, line=dict(color=MUTED, dash="dot"), row=2, col=1)
-    fig.add_annotation(x=xs[0], y=exact_l, xanchor="left", yanchor="bottom", showarrow=False, row=2, col=1,
+    fig.add_annotation(x=xs[0], y=exact_l, xanchor="left", yanchor="bottom", yshift=7, showarrow=False, row=2, col=1,
                        text=f"l of the whole row = {exact_l:.3f}", font=dict(color=MUTED),
                        bgcolor="rgba(255,255,255,0.85)")
     x_range = [min(xs) - 0.6, max(xs) + 0.6]

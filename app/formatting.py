@@ -30,7 +30,9 @@ def fmt_duration(seconds: float) -> str:
 
 
 # Sizes in memory are binary everywhere (KiB, MiB, GiB: what torch and nvidia-smi report), so one checkpoint
-# reads the same on every page; rates stay decimal (GB/s, TB/s), as vendors quote bandwidth.
+# reads the same on every page; rates stay decimal (GB/s, TB/s), as vendors quote bandwidth, and so does the
+# traffic a roofline or a kernel table divides by them (bytes a step moves, in MB or GB), so bytes / (GB/s) reads
+# off without a factor of 1.07.
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 
 

@@ -24,7 +24,7 @@ def test_call_frame_compares_every_path_with_the_engine_kernel() -> None:
     assert list(frame["fmt"]) == ["bf16", "bf16", "fp8", "int8", "int4", "unfused"]
     assert list(frame["speed-up"].round(3)) == [1.0, 1.0, 2.0, 1.25, 0.5, 0.05]
     assert frame["bytes ratio"].iloc[4] == pytest.approx(BF16_BYTES_PER_TOKEN / 240)
-    assert frame["KV read (MiB)"].iloc[2] == pytest.approx(64 * 8192 * 396 / 2**20)
+    assert frame["KV read (MB)"].iloc[2] == pytest.approx(64 * 8192 * 396 / 1e6)
     assert frame["TB/s"].iloc[2] == pytest.approx(64 * 8192 * 396 / 50e-6 / 1e12)
     assert frame["TB/s"].isna().iloc[-1]  # the unfused path also writes and reads a copy: no pool bandwidth
     fig = call_figure(frame, 64, 8192, "test")

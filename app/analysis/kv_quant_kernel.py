@@ -12,8 +12,6 @@ from engine.kv_compression.formats import FORMATS
 from kernels.ceilings import Ceilings
 from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, D, HQ, FormatTiming, QuantDecodeTimings
 
-from app.formatting import MIB
-
 MEASURED_H200 = Path(__file__).resolve().parents[2] / "bench" / "results" / "kv_quant_decode_h200.json"
 BENCH_COMMAND = "python3 bench/kv_quant_decode.py"
 ENGINE_LABEL = "engine kernel · BF16"
@@ -47,7 +45,7 @@ def call_frame(t: QuantDecodeTimings) -> pd.DataFrame:
     rows.append(dict(path=UNFUSED_LABEL, fmt="unfused", bytes_per_token=int4.bytes_per_token, us=t.unfused_int4_us,
                      error=float("nan")))
     frame = pd.DataFrame(rows)
-    frame["KV read (MiB)"] = frame["bytes_per_token"] * tokens / MIB
+    frame["KV read (MB)"] = frame["bytes_per_token"] * tokens / 1e6  # traffic, beside TB/s: decimal
     frame["speed-up"] = t.engine_bf16_us / frame["us"]
     frame["bytes ratio"] = BF16_BYTES_PER_TOKEN / frame["bytes_per_token"]
     frame["TB/s"] = frame["bytes_per_token"] * tokens / (frame["us"] * 1e-6) / 1e12

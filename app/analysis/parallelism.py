@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from app.formatting import GIB, KIB, MIB, NO_VALUE
+from app.formatting import GIB, MIB, NO_VALUE
 from engine.config import ModelConfig
 from engine.parallel.collectives import all_gather_bytes, ring_all_reduce_bytes
 from engine.parallel.expert_math import MOE_MODELS, MoeShape, ep_cost, routing_imbalance
@@ -328,8 +328,8 @@ def ep_frame(gpus: tuple[int, ...] = EP_GPUS) -> pd.DataFrame:
             rows.append({"Model": m.name, "GPUs": g, "Experts per GPU": m.experts // g,
                          "EP weights per GPU (GiB)": c.weight_gb_per_gpu_ep * 1e9 / GIB,
                          "TP weights per GPU (GiB)": c.weight_gb_per_gpu_tp * 1e9 / GIB,
-                         "EP all-to-all per token (KiB)": c.a2a_bytes_per_token / KIB,
-                         "TP all-reduce per token (KiB)": c.tp_bytes_per_token / KIB})
+                         "EP all-to-all per token (KB)": c.a2a_bytes_per_token / 1e3,  # traffic: decimal
+                         "TP all-reduce per token (KB)": c.tp_bytes_per_token / 1e3})
     return pd.DataFrame(rows)
 
 

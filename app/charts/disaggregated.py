@@ -11,7 +11,6 @@ from app.analysis.chunked import TokenGap
 from app.analysis.disaggregated import FirstMoments, ServingRun, handoffs_until, worker_steps, worst_gap
 from app.charts.axes import ticks_up_to
 from app.charts.colors import tint
-from app.formatting import MIB
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, STATUS_COLORS, TECHNIQUE_COLOR, request_color
 
 PREFILL = STATUS_COLORS["prefill"]
@@ -81,8 +80,8 @@ def worker_timeline(history: list[ClusterStepRecord], order: list[str]) -> go.Fi
         fig.add_scatter(x=[_ms(h.taken_at) for h in handed], y=[DECODE_Y + BAR_WIDTH / 2] * len(handed),
                         mode="markers", name="KV handoff (prefill → decode)",
                         marker=dict(size=7, color=[request_color(h.request_id, order) for h in handed]),
-                        customdata=[[h.request_id, h.nbytes / MIB, _ms(h.taken_at - h.sent_at)] for h in handed],
-                        hovertemplate="%{customdata[0]}: %{customdata[1]:.1f} MiB of KV, taken "
+                        customdata=[[h.request_id, h.nbytes / 1e6, _ms(h.taken_at - h.sent_at)] for h in handed],
+                        hovertemplate="%{customdata[0]}: %{customdata[1]:.1f} MB of KV, taken "
                                       "%{customdata[2]:.1f} ms after it was sent<extra></extra>")
     waiting = [h for h in (history[-1].in_flight if history else ()) if h.sent_at <= now]
     for i, h in enumerate(waiting):  # sent, not taken: the KV sits in the transport until the decode worker takes it

@@ -27,8 +27,8 @@ def call_figure(frame: pd.DataFrame, batch: int, context: int, where: str) -> go
     fig = go.Figure(go.Bar(
         x=rows["us"], y=rows["path"], orientation="h", marker_color=colors,
         text=[f"{u:,.1f} µs · {s:.2f}×" for u, s in zip(rows["us"], rows["speed-up"])], textposition="outside",
-        cliponaxis=False, customdata=rows["KV read (MiB)"],
-        hovertemplate="%{y}: %{x:,.1f} µs a call, %{customdata:,.1f} MiB of KV read<extra></extra>"))
+        cliponaxis=False, customdata=rows["KV read (MB)"],
+        hovertemplate="%{y}: %{x:,.1f} µs a call, %{customdata:,.1f} MB of KV read<extra></extra>"))
     fig.update_layout(
         title=dict(text=f"One decode attention call: {batch} × {context:,} tokens of context",
                    subtitle=dict(text=f"{where} · one layer · ×: speed against the engine's BF16 kernel")),

@@ -200,9 +200,9 @@ def ep_figure(frame: pd.DataFrame, model: str) -> go.Figure:
     rows = frame[frame["Model"] == model]
     x = [f"{g} GPUs" for g in rows["GPUs"]]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=["Weights per GPU (GiB, fp8)", "Sent per token, per MoE layer (KiB)"])
+                        subplot_titles=["Weights per GPU (GiB, fp8)", "Sent per token, per MoE layer (KB)"])
     for col, (ep, tp) in enumerate((("EP weights per GPU (GiB)", "TP weights per GPU (GiB)"),
-                                    ("EP all-to-all per token (KiB)", "TP all-reduce per token (KiB)")), start=1):
+                                    ("EP all-to-all per token (KB)", "TP all-reduce per token (KB)")), start=1):
         for key, name, color in ((ep, "expert parallel", EP_COLOR), (tp, "tensor parallel", TP_COLOR)):
             fig.add_trace(go.Bar(x=x, y=rows[key], name=name, marker=dict(color=color), legendgroup=name,
                                  showlegend=col == 1, text=[f"{v:,.0f}" for v in rows[key]], textposition="outside",

@@ -11,7 +11,7 @@ from app.analysis.disaggregated import (ServingRun, coinciding_requests, compare
                                         worst_gap)
 from app.charts.block_pool import block_pool_grid
 from app.charts.disaggregated import compare_gaps_figure, compare_ttft_figure, first_moments_figure, worker_timeline
-from app.formatting import MIB, NO_VALUE, fmt_block_ids, fmt_bytes, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_block_ids, fmt_duration, plural
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -59,7 +59,7 @@ def _worker_line(record: ClusterStepRecord) -> str:
                      f"({plural(s.record.num_prefill_tokens, 'prompt token')}, {fmt_duration(s.end - s.start)}{running})")
     for h in record.taken:
         parts.append(f":material/download: **{h.request_id}**'s KV taken: {plural(h.prompt_len, 'token')}, "
-                     f"{fmt_bytes(h.nbytes)}, prefill blocks {fmt_block_ids(h.src_blocks)} → decode blocks "
+                     f"{h.nbytes / 1e6:.1f} MB, prefill blocks {fmt_block_ids(h.src_blocks)} → decode blocks "
                      f"{fmt_block_ids(h.dst_blocks)}")
     d = record.decode_step
     if d is not None:
@@ -85,7 +85,7 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     m[3].metric("KV in flight", len(in_flight),
                 help="first token out, KV sent, not yet taken by the decode worker: "
                      + (", ".join(in_flight) or "none now"))
-    m[4].metric("KV handed over", fmt_bytes(sum(h.nbytes for h in handed)),
+    m[4].metric("KV handed over", f"{sum(h.nbytes for h in handed) / 1e6:.1f} MB",
                 help=f"{plural(len(handed), 'handoff')} taken by the decode worker so far")
     m[5].metric("Prefill on decode", counters.get("prefill_tokens_computed", 0),
                 help="prompt tokens the decode worker computed itself: 0 unless it had to recompute after a "
@@ -138,13 +138,13 @@ def _previous_clock(history: list[ClusterStepRecord]) -> float:
 
 def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN001 (KVHandoff)
     rows = [{"request": h.request_id, "prompt tokens": h.prompt_len, "prefill blocks": fmt_block_ids(h.src_blocks),
-             "decode blocks": fmt_block_ids(h.dst_blocks), "MiB": h.nbytes / MIB,
+             "decode blocks": fmt_block_ids(h.dst_blocks), "MB": h.nbytes / 1e6,
              "copy out (ms)": h.send_seconds * 1e3, "copy in (ms)": h.receive_seconds * 1e3,
              "GB/s": h.nbytes / max(h.send_seconds + h.receive_seconds, 1e-9) / 1e9,
              "waited (ms)": (h.taken_at - h.sent_at) * 1e3} for h in handed]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                for c in ("MiB", "copy out (ms)", "copy in (ms)", "GB/s", "waited (ms)")})
+                                for c in ("MB", "copy out (ms)", "copy in (ms)", "GB/s", "waited (ms)")})
     big = max(handed, key=lambda h: h.nbytes)
     links = ", ".join(f"{name} {fmt_duration(big.nbytes / (gb * 1e9))}" for name, gb in NOMINAL_LINKS_GB_S)
     cfg, b = session.engine.model_config, session.kv_bytes_per_element
@@ -152,9 +152,9 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
     blocks = len(big.src_blocks)
     st.caption(f"KV per token: 2 × {cfg.num_layers} layers × {cfg.num_kv_heads} KV heads × {cfg.head_dim} × {b} bytes "
                f"= {per_token:,} bytes. Whole blocks move: {big.request_id}'s {big.prompt_len} tokens fill "
-               f"{plural(blocks, 'block')} of {session.engine.config.block_size}, {fmt_bytes(big.nbytes)}. "
+               f"{plural(blocks, 'block')} of {session.engine.config.block_size}, {big.nbytes / 1e6:.1f} MB. "
                f"Copy out and copy in are measured ({handed[0].transport}); “waited” runs from the end of the "
-               f"prefill to the decode iteration that took the KV. The same {fmt_bytes(big.nbytes)} at nominal "
+               f"prefill to the decode iteration that took the KV. The same {big.nbytes / 1e6:.1f} MB at nominal "
                f"link speeds: {links}.")
 
 

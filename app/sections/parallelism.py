@@ -238,7 +238,7 @@ def wire_section(result: ParallelResult, page: str) -> float:
     reduces, gathers = counts.get("all_reduce", 0), counts.get("all_gather", 0)
     latency = st.slider("Assumed latency of one all-reduce (µs), an assumption, not a measurement", 1, 50, 10,
                         key=_key(page, "latency"), help="NCCL over NVLink within a node: roughly 5–20 µs for a "
-                        "few KiB; the all-gather of the logits is charged the same")
+                        "few kB; the all-gather of the logits is charged the same")
     if bench is None:
         st.info(f"**No H200 measurement here yet**: bench/results/parallel_h200.json is missing (`{BENCH_COMMAND}` "
                 "on a GPU machine writes it). The page shows the CPU figures above only.", icon=":material/info:")
@@ -402,10 +402,10 @@ def expert_section(page: str) -> None:
                                            help="expert parallelism: weights per GPU, GiB"),
             "TP weights per GPU (GiB)": num("TP GiB/GPU", format="%.1f", width=90,
                                            help="tensor parallelism: weights per GPU, GiB"),
-            "EP all-to-all per token (KiB)": num("EP KiB/token", format="%.1f", width=100,
-                                                help="expert parallelism: all-to-all bytes per token, KiB"),
-            "TP all-reduce per token (KiB)": num("TP KiB/token", format="%.1f", width=100,
-                                                help="tensor parallelism: all-reduce bytes per token, KiB"),
+            "EP all-to-all per token (KB)": num("EP KB/token", format="%.1f", width=100,
+                                                help="expert parallelism: all-to-all bytes per token, KB"),
+            "TP all-reduce per token (KB)": num("TP KB/token", format="%.1f", width=100,
+                                                help="tensor parallelism: all-reduce bytes per token, KB"),
         })
     st.markdown("**Routing imbalance.** The router picks experts per token; some experts are more popular, and the "
                 "GPU holding them gets more tokens. Everyone waits for it.")

@@ -2,8 +2,8 @@
 of the weights and cache each, 62 collectives a step), and a few requests through a `pp`-stage pipeline."""
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import ModelConfig

@@ -35,6 +35,10 @@ def test_page_steps_scrubs_and_resets(random_app: AppTest) -> None:
     at.slider(key=f"{PREFIX}-scrub").set_value(0).run()
     assert_clean(at)
     assert len(session.records) == 6
+    # At tick 0 only the three chats have arrived (the long prompt comes at tick 4): none is still prefilling.
+    here = [q for q in session.records[0].requests if q.arrival_time >= 0]
+    assert _metrics(at)["Prefilling"] == str(sum(q.stage in ("waiting", "prefill") for q in here))
+    assert len(here) < len(session.records[0].requests)
     at.button(key=f"{PREFIX}-btn-reset").click().run()
     assert_clean(at)
     assert session_of(at, PREFIX).records == []

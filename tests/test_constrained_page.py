@@ -163,3 +163,11 @@ def test_every_preset_is_a_valid_constraint() -> None:
     for p in PRESETS:
         assert p.constraint.problem() is None, p.name
         assert dataclasses.replace(p.constraint, json_layout="compact").problem() is None
+
+
+def test_the_free_mode_has_no_mask_time() -> None:
+    """No grammar builds no mask: its row shows "–", not "0.0" ms of mask work beside the masked modes."""
+    from app.analysis.constrained import mode_rows
+    runs = [ModeRun(m, "{}", None, None, 4, 4, 0.1, 0.0 if m == MODES[0] else 0.002, {}, "eos") for m in MODES[:2]]
+    rows = mode_rows(runs)
+    assert rows[0]["mask time (ms)"] is None and rows[1]["mask time (ms)"] == 2.0

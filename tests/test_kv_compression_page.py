@@ -107,6 +107,9 @@ def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     assert (counts[:, :2] == 3).all()  # the two sinks, in every head of every layer
     fig = kept_map_figure(counts, ["t"] * counts.shape[1], result.prompt_len, 3, "title")
     assert np.array_equal(np.asarray(fig.data[0].z), counts)
+    # One flat band per head count: "none" gets a quarter of the colour bar (it had the bottom 1 %)
+    scale = [tuple(stop) for stop in fig.data[0].colorscale]
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (-0.5, 3.5) and scale[:2] == [(0.0, "#F1F3F6"), (0.25, "#F1F3F6")]
 
 
 def test_text_segments_split_at_the_first_difference() -> None:

@@ -126,9 +126,9 @@ def test_sizes_and_memory_arithmetic(tiny_result, tiny_weights, strong) -> None:
     from engine.config import ModelConfig
     smol = shaped_deployment(ModelConfig(), 8, TARGETS)
     assert smol.checkpoint_bytes == 2 * 134_515_008 and smol.adapter_bytes == 2 * 8 * 30 * 10_176
-    assert smol.merged_fit(H200_BYTES) == 524 and smol.adapters_fit(H200_BYTES) > 28_000
+    assert smol.merged_fit(H200_BYTES) == 557 and smol.adapters_fit(H200_BYTES) > 30_000  # 139.8 GiB
     big = shaped_deployment(LLAMA_8B, 8, TARGETS)
-    assert 7.9e9 < big.checkpoint_bytes / 2 < 8.1e9 and big.merged_fit(H200_BYTES) == 8
+    assert 7.9e9 < big.checkpoint_bytes / 2 < 8.1e9 and big.merged_fit(H200_BYTES) == 9
     assert live_deployment(fp, "tiny").checkpoint_bytes == fp.checkpoint_bytes
 
 

@@ -16,8 +16,11 @@ from engine.config import ModelConfig
 from engine.kv_compression.lab import first_difference
 from engine.lora.anatomy import CHECKPOINT_BYTES_PER_PARAM, Footprint, adapter_params, base_params
 from engine.lora.merge_lab import MergeResult, StepTiming, result_dict
+from kernels.ceilings import REFERENCE_CEILINGS
 
-H200_BYTES = 141e9  # NVIDIA's figure for the H200's HBM3e
+# What torch reports on the H200 (139.8 GiB), as the parallelism page uses: NVIDIA's "141 GB" taken as 141e9 bytes
+# came to 131 GiB, a figure no tool shows for this card.
+H200_BYTES = REFERENCE_CEILINGS["NVIDIA H200"].memory_bytes
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "bench" / "results"
 BENCH_COMMAND = "PYTHONPATH=. python3 bench/lora_merge.py"

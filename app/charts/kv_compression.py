@@ -130,12 +130,24 @@ def roundtrip_figure(result: LabResult, formats: Sequence[str]) -> go.Figure:
     return fig
 
 
+EVICTED_COLOR = "#F1F3F6"
+
+
+def head_count_scale(heads: int) -> list[list]:
+    """One flat band per head count 0..heads (for zmin -0.5, zmax heads + 0.5): pale grey for none, then blues. A
+    smooth scale gave "none" the bottom 1 % of its colour bar, which read as light blue beside a caption that
+    said "white"."""
+    blues = ["#9ECAE1", "#4292C6", "#08306B"] if heads == 3 else [
+        f"rgba(8, 48, 107, {0.3 + 0.7 * k / max(heads, 1):.2f})" for k in range(1, heads + 1)]
+    bands = [EVICTED_COLOR, *blues]
+    return [[edge / (heads + 1), color] for k, color in enumerate(bands) for edge in (k, k + 1)]
+
+
 def kept_map_figure(counts: np.ndarray, labels: Sequence[str], prompt_len: int, heads: int, title: str) -> go.Figure:
     """counts [layers, positions]: how many KV heads of each layer still hold each position."""
     layers, n = counts.shape
-    scale = [[0.0, "#F1F3F6"], [0.01, "#F1F3F6"], [0.01, "#9ECAE1"], [0.5, "#4292C6"], [1.0, "#08306B"]]
     fig = go.Figure(go.Heatmap(
-        z=counts, zmin=0, zmax=heads, colorscale=scale, xgap=0, ygap=1,
+        z=counts, zmin=-0.5, zmax=heads + 0.5, colorscale=head_count_scale(heads), xgap=0, ygap=1,
         customdata=np.tile(np.array(labels, dtype=object), (layers, 1)),
         colorbar=dict(title=dict(text="KV heads holding it", side="right"), tickvals=list(range(heads + 1))),
         hovertemplate="layer %{y}, position %{x} %{customdata}: held by %{z} of " + str(heads) + " heads<extra></extra>"))
@@ -143,7 +155,7 @@ def kept_map_figure(counts: np.ndarray, labels: Sequence[str], prompt_len: int, 
     fig.add_annotation(x=prompt_len - 0.5, y=-0.5, yref="y", text="generated →", showarrow=False, xanchor="left",
                        yanchor="bottom", font=dict(color=ACCENT))
     fig.update_layout(title=dict(text=title, subtitle=dict(
-        text="Each cell a cached token of one layer; white = evicted from every head")),
+        text="Each cell a cached token of one layer; pale grey = evicted from every head")),
         xaxis=dict(title="position in the sequence", **index_ticks(n)),
         yaxis=dict(title="layer", autorange="reversed"))
     return fig

@@ -365,7 +365,8 @@ def _modes_table(runs: list[ModeRun]) -> None:
     and whole (in a table column the JSON was cut off and pushed the table past the page's edge)."""
     rows = pd.DataFrame(mode_rows(runs))
     num, text = st.column_config.NumberColumn, st.column_config.TextColumn
-    st.dataframe(rows.drop(columns="text"), hide_index=True, width="stretch", column_config=_SHARED_COLUMNS | {
+    st.dataframe(rows.drop(columns="text"), hide_index=True, width="stretch", placeholder=NO_VALUE,
+                 column_config=_SHARED_COLUMNS | {
         "mode": text(width=190),
         "parses as JSON": text("JSON", width=52, help="the output parses as JSON"),
         "time (s)": num(format="%.2f", width=64, help="engine time, seconds"),

@@ -79,7 +79,9 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     m[0].metric("Run clock", fmt_duration(record.clock), help="the decode worker's clock after this tick")
     m[1].metric("Still decoding", stages.count("decode"), help="requests in the decode worker's batch after this "
                 "tick (a request that wrote its last token in this tick has left)")
-    m[2].metric("Prefilling", stages.count("waiting") + stages.count("prefill"),
+    # Not yet arrived is "waiting" too (arrival_time -1): the metric counts only the requests that are here.
+    prefilling = sum(q.stage in ("waiting", "prefill") and q.arrival_time >= 0 for q in record.requests)
+    m[2].metric("Prefilling", prefilling,
                 help="arrived requests without a first token yet, queued or in a prefill (one still running on the prefill "
                      "worker's clock counts here)")
     m[3].metric("KV in flight", len(in_flight),

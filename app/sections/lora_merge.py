@@ -309,7 +309,7 @@ def deployment_section(result: MergeResult, page: str) -> None:
                      f"the engine's padded slots compute {fp.served_flops / 1e6:.2f} MFLOP")
     c[3].metric("On one H200", f"{live.merged_fit():,} merged",
                 f"or 1 base + {live.adapters_fit():,} adapters", delta_color="off", delta_arrow="off",
-                help=f"{fmt_bytes(H200_BYTES)} (NVIDIA's {H200_BYTES / 1e9:.0f} GB), weights only (no KV cache): "
+                help=f"{fmt_bytes(H200_BYTES)} as torch reports it (NVIDIA quotes 141 GB), weights only (no KV cache): "
                      "whole checkpoints, or one base and adapters")
     show_figure(memory_figure(memory_frame([live, big]), live, big, H200_BYTES), key=f"{page}-memory", height=470)
     n = 100

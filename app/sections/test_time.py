@@ -171,7 +171,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[4].metric("Majority vote" + (" so far" if writing else ""), _answer(picks["majority"]),
                 help="the most frequent final answer (self-consistency)" + so_far)
     m[5].metric("Self-certainty pick" + (" so far" if writing else ""), _answer(picks["self_certainty"]),
-                help="the answer of the sample with the highest mean log-probability" + so_far)
+                help="the answer of the sample with the highest mean log-probability among those that have an "
+                     "answer (one without a number cannot be picked)" + so_far)
     truth = view["truth"]
     if truth is not None:
         right = {k: (v is not None and samples[v]["correct"]) for k, v in picks.items()}

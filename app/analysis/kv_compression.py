@@ -14,6 +14,8 @@ from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
 from engine.kv_compression.policies import POLICY_LABELS
 from engine.kv_compression.prompts import RETRIEVAL_ANSWER, RETRIEVAL_GUARD, RETRIEVAL_NOTE
 
+from app.formatting import GIB
+
 REFERENCE = "reference"  # the format column's word for "the engine's own precision" (fp32 on a CPU, bf16 on a GPU)
 
 PROMPTS: dict[str, str] = {
@@ -127,7 +129,7 @@ def memory_frame(cfg: ModelConfig, gib: float, context: int) -> pd.DataFrame:
     bf16 = FORMATS[BF16_NAME].bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     for fmt in FORMATS.values():
         b = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        tokens = gib * 2**30 / b
+        tokens = gib * GIB / b
         rows.append({"Format": fmt.label, "Bits per number": fmt.bits, "Bytes per token": b,
                      "Fits vs BF16": bf16 / b, "Tokens that fit": int(tokens),
                      f"Sequences of {context:,} tokens": int(tokens // context)})

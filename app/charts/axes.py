@@ -21,6 +21,13 @@ def step_range(steps: Iterable[int], selected: int | None = None) -> dict:
     return {"range": [-0.5, max(*steps, selected or 0, 1) + 0.5]}
 
 
+
+def step_line_mode(num_steps: int) -> str:
+    """Plotly's mode for a series over engine steps: a line alone through a single point draws nothing (charts
+    scrubbed to step 0, the prefill, were blank under metrics that had values), so markers until there are two."""
+    return "lines+markers" if num_steps == 1 else "lines"
+
+
 def index_ticks(count: int, max_labels: int = 10) -> dict:
     """Integer ticks for an axis of `count` token or tile indices: every 1, 2, 5, 10, 20, ... so at most
     `max_labels` labels, never rotated. Plotly's own ticks put 0.5 steps (or -0.4 ... 0.4 around a single

@@ -5,7 +5,7 @@ import plotly.graph_objects as go
 
 from engine.trace import StepRecord
 
-from app.charts.axes import index_ticks, step_ticks
+from app.charts.axes import index_ticks, step_line_mode, step_ticks
 from app.theme import MUTED, request_color
 
 
@@ -33,8 +33,7 @@ def batch_over_steps(records: list[StepRecord], order: list[str], selected: int 
                                     line=dict(width=0.5, color="white")),
                         hovertemplate=f"step %{{x}}: {rid} {phase} %{{y}} tokens<extra></extra>")
     fig.add_scatter(x=[r.step for r in records], y=[len(r.batch) for r in records], name="sequences in batch",
-                    mode="lines+markers" if len(records) == 1 else "lines", yaxis="y2",  # one step: a point
-                    line=dict(color="#111827", width=2, shape="hv"),
+                    mode=step_line_mode(len(records)), yaxis="y2", line=dict(color="#111827", width=2, shape="hv"),
                     hovertemplate="step %{x}: %{y} sequences<extra></extra>")
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))

@@ -13,12 +13,11 @@ from app.analysis.cache_timing import CacheTiming
 from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, kv_bytes_per_token, variant_bytes_per_token,
                                   weights_bytes)
 from app.analysis.trace_metrics import tokens_by_owner
-from app.charts.axes import step_ticks
+from app.charts.axes import step_line_mode, step_ticks
 from app.charts.colors import owner_color
+from app.formatting import GIB, MIB
 from app.theme import ACCENT, MUTED
 
-MIB = 1024 ** 2
-GIB = 1024 ** 3
 VARIANT_COLORS = {"MHA": "#CC79A7", "GQA": "#0072B2", "MQA": "#009E73", "MLA": "#E69F00"}
 
 
@@ -29,8 +28,7 @@ def kv_growth(records: list[StepRecord], bytes_per_token: int, order: list[str])
     owners = [o for o in order if any(o in d for d in per_step)]
     owners += sorted({o for d in per_step for o in d} - set(owners))
     fig = go.Figure()
-    # One recorded step (the prefill, where a lecturer scrubs first) is one point: a line alone draws nothing.
-    mode = "lines+markers" if len(steps) == 1 else "lines"
+    mode = step_line_mode(len(steps))
     for owner in owners:
         toks = [d.get(owner, 0) for d in per_step]
         fig.add_scatter(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from engine.kv_compression import FORMATS, LabResult
@@ -131,14 +132,14 @@ def roundtrip_figure(result: LabResult, formats: Sequence[str]) -> go.Figure:
 
 
 EVICTED_COLOR = "#F1F3F6"
+HELD_BLUES = ["#9ECAE1", "#4292C6", "#08306B"]  # one head holding it ... every head
 
 
 def head_count_scale(heads: int) -> list[list]:
     """One flat band per head count 0..heads (for zmin -0.5, zmax heads + 0.5): pale grey for none, then blues. A
     smooth scale gave "none" the bottom 1 % of its colour bar, which read as light blue beside a caption that
     said "white"."""
-    blues = ["#9ECAE1", "#4292C6", "#08306B"] if heads == 3 else [
-        f"rgba(8, 48, 107, {0.3 + 0.7 * k / max(heads, 1):.2f})" for k in range(1, heads + 1)]
+    blues = sample_colorscale(HELD_BLUES, np.linspace(0.0, 1.0, heads).tolist()) if heads else []
     bands = [EVICTED_COLOR, *blues]
     return [[edge / (heads + 1), color] for k, color in enumerate(bands) for edge in (k, k + 1)]
 

@@ -104,8 +104,6 @@ def spectrum_figure(sp: Spectrum) -> go.Figure:
     return fig
 
 
-
-
 def memory_figure(frame: pd.DataFrame, live: Deployment, big: Deployment, memory: float) -> go.Figure:
     """Weight memory of N fine-tunes, merged (N checkpoints) against unmerged (one base and N adapters), for
     the live model and a larger one of the same family; the H200's memory as a line."""

@@ -9,6 +9,7 @@ from app.analysis.chunked import compare_chunking, longest_prompt_request, media
 from app.analysis.trace_metrics import cumulative_clock
 from app.charts.chunked import (compare_gaps_figure, compare_steps_figure, iteration_time, token_gap_figure,
                                 tokens_vs_budget)
+from app.formatting import NO_VALUE
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -50,9 +51,9 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[2].metric("Iteration time", f"{record.wall_seconds * 1e3:.0f} ms",
                 help=f"forward pass {record.forward_seconds * 1e3:.0f} ms")
     median = median_gap(history)
-    m[3].metric("Median time between tokens", "–" if median is None else f"{median * 1e3:.0f} ms",
+    m[3].metric("Median time between tokens", NO_VALUE if median is None else f"{median * 1e3:.0f} ms",
                 help="of the requests other than the longest prompt, up to this step")
-    m[4].metric("Worst stall so far", f"{worst.gap_s * 1e3:.0f} ms" if worst else "–",
+    m[4].metric("Worst stall so far", f"{worst.gap_s * 1e3:.0f} ms" if worst else NO_VALUE,
                 help=f"{worst.request_id} waited this long for its token at step {worst.step}" if worst else None)
     chunks = [s for s in record.batch if s.phase == "prefill"]
     notes = [f":material/splitscreen: **{s.request_id}** prompt chunk of {s.num_tokens} tokens "

@@ -30,7 +30,7 @@ CALIBRATION_HELP = {
 
 def wq_explanation() -> None:
     cfg = shared_weights().config
-    embedding_share = cfg.vocab_size * cfg.hidden_size / (weights_bytes(cfg, 1))
+    embedding_share = cfg.vocab_size * cfg.hidden_size / weights_bytes(cfg, 1)
     explanation(
         "Fewer bits per weight, chosen with a little data",
         [r"\hat W = s \cdot (q - z),\quad q = \operatorname{clamp}\!\left(\operatorname{round}\!\left(\tfrac{W}{s}\right)"

@@ -12,8 +12,8 @@ from engine.constrained import Constraint
 from engine.constrained.presets import DATE, PERSON, PRESETS, SENTIMENT
 from engine.tokenizer import default_tokenizer
 
-from app.analysis.constrained import (MODES, ModeRun, check_settings, library, modes_for, preset_settings,
-                                      summarize, token_rows)
+from app.analysis.constrained import (MODES, LastMask, ModeRun, check_settings, last_mask, library, modes_for,
+                                      preset_settings, summarize, token_rows)
 from app.charts.constrained import MAX_TICK_LABELS, mask_figure, modes_figure
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
@@ -78,6 +78,10 @@ def test_summary_rows_and_charts_from_records() -> None:
     assert s.mean_mask_us == pytest.approx(20.0) and s.forbidden_mass == pytest.approx(0.25)
     rows = token_rows(sample, tok)
     assert [r["tokens allowed"] for r in rows] == [50, 50, 1, None, None, 50]
+    # The last mask, counted from 1; one before jump-forward tokens says how many followed it.
+    assert last_mask(sample) == LastMask(50, 6, 0)
+    assert last_mask(_sample(["free", "only", "forced", "forced"])) == LastMask(1, 2, 2)
+    assert last_mask(_sample(["forced"])) is None
     assert rows[3]["how"] == "written by jump-forward" and rows[3]["mask (µs)"] is None
     fig = mask_figure(sample, tok.vocab_size, tok)
     assert {t.name for t in fig.data} == {"model's own choice", "steered by the mask", "the only token allowed",
@@ -106,6 +110,7 @@ def test_page_steps_scrubs_and_shows_the_masks(random_app: AppTest) -> None:
     assert all(e["allowed"] is None or 1 <= e["allowed"] < 49152 for e in events)
     metrics = _metrics(at)
     assert int(metrics["Output tokens"]) == len(events)
+    assert metrics["Allowed at the last mask"] == f"{last_mask(view['samples'][0]).allowed:,}"
     assert len(at.get("plotly_chart")) >= 1
     at.slider(key=f"{PREFIX}-scrub").set_value(1).run()
     assert_clean(at)

@@ -90,8 +90,12 @@ def test_one_arrow_per_handoff_from_prefill_end_to_decode(history) -> None:  # n
 def test_ttft_labels_sit_inside_the_chart(history) -> None:  # noqa: ANN001
     fig = first_moments_figure(first_moments(history), ORDER)
     hi = fig.layout.xaxis.range[1]
+    moments = first_moments(history)
     labels = [a for a in fig.layout.annotations if a.text.startswith("TTFT")]
     assert len(labels) == 3 and all(a.x < hi for a in labels)
+    # Each label writes out the handoff, whose bar can be narrower than a pixel.
+    for a, m in zip(labels, moments):
+        assert a.text.endswith(f"handoff {1e3 * (m.taken - m.first_token):.1f} ms")
 
 
 def test_three_ways_of_serving_give_one_set_of_tokens(tiny_weights) -> None:  # noqa: ANN001

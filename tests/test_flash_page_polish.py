@@ -22,6 +22,7 @@ from app.analysis.flash_qkv import LayerQKV
 from app.charts.axes import index_ticks
 from app.charts.flash_tiles import (MIN_SCORE_SPAN, RESCALE_LABELS_MAX_TILES, method_chart, online_softmax_chart,
                                    score_matrix, tile_grid)
+from app.theme import FONT_SIZE, PRESENT_FONT_SIZE
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = str(ROOT / "pages/05_flashattention.py")
@@ -136,7 +137,9 @@ def test_online_softmax_chart_readable_with_one_tile() -> None:
     assert hi - lo >= MIN_SCORE_SPAN
     assert any(t.name == "tile wholly in this row's future" for t in fig.data)
     assert len(fig.layout.shapes) >= 7  # the grey band: K tiles 1-7 lie in row 0's future
-    assert fig.layout.annotations and all(a.font.size is None for a in fig.layout.annotations)
+    # The whole-row labels follow the theme; only the rescale factors keep a set (and scaled) 12 px.
+    assert fig.layout.annotations and all(a.font.size is None for a in fig.layout.annotations
+                                          if not a.text.startswith("×"))
     assert fig.layout.xaxis2.dtick == 1 and fig.layout.xaxis2.tickangle == 0
     one = _qkv(1)
     single = flash_attention_tiled(one.q, one.k, one.v, one.scale, 16, 16, trace_row=0, trace_head=7)
@@ -146,18 +149,25 @@ def test_online_softmax_chart_readable_with_one_tile() -> None:
 
 
 def test_rescale_factors_keep_a_readable_size() -> None:
-    """Plotly shrinks "outside" bar text to the bar's width (6-pixel factors over thin bars): the factors keep
-    their size up to RESCALE_LABELS_MAX_TILES K tiles and are left to the hover beyond; the bars stay clear of
-    the whole-row labels, which sit on a backdrop."""
+    """Plotly shrinks "outside" bar text to the bar's width (6-pixel factors over thin bars), and the running
+    sum's line ran through it: the factors are annotations on a backdrop at 12 px up to
+    RESCALE_LABELS_MAX_TILES K tiles, one line up beside a rescaled neighbour, and are left to the hover
+    beyond; the bars stay clear of the whole-row labels, which sit on a backdrop."""
     qkv = _qkv(157)
     for block_n, labelled in ((16, True), (8, False)):  # 10 K tiles, 20 K tiles
         trace = flash_attention_tiled(qkv.q, qkv.k, qkv.v, qkv.scale, 16, block_n, trace_row=156, trace_head=3)
         fig = online_softmax_chart(trace, *_exact(qkv, 156, 3))
         (bars,) = [t for t in fig.data if t.type == "bar"]
         assert len(bars.x) >= 1  # the row's max grows at least once after its first tile
-        assert (bars.text is not None) == labelled == (len(trace.row_steps) <= RESCALE_LABELS_MAX_TILES)
+        factors = [a for a in fig.layout.annotations if a.text.startswith("×")]
+        assert bool(factors) == labelled == (len(trace.row_steps) <= RESCALE_LABELS_MAX_TILES)
         if labelled:
-            assert bars.constraintext == "none" and bars.textfont.size >= 12 and bars.cliponaxis is False
+            assert [a.x for a in factors] == list(bars.x)
+            assert all(a.bgcolor and a.font.size >= 12 and a.yanchor == "bottom" for a in factors)
+            # Tiles 6 and 7 both rescale (see the page's screenshot): the second label sits a line higher.
+            for a, b in zip(factors, factors[1:]):
+                if b.x == a.x + 1:
+                    assert b.yshift - a.yshift >= 16 and b.y >= a.y
         whole_row = [a for a in fig.layout.annotations if "whole row" in a.text]
         assert len(whole_row) == 2 and all(a.bgcolor for a in whole_row)
         # The factors (at most 1) stay in the lower half, under the whole-row line of l and its label.
@@ -302,7 +312,8 @@ def test_page_empty_prompt_keeps_the_controls(flash_app) -> None:  # noqa: ANN00
 @pytest.mark.slow
 def test_page_charts_follow_presentation_mode(flash_app) -> None:  # noqa: ANN001
     """In presentation mode every chart of the page gets the larger template, and the row chart's labels
-    carry no fixed size of their own (make_subplots set its titles to 16 px, the annotations were 11 px)."""
+    carry no fixed size of their own (make_subplots set its titles to 16 px, the annotations were 11 px),
+    but for the rescale factors' 12 px, which grow with the rest."""
     at = flash_app
     at.session_state["presentation"] = True
     at.run()
@@ -311,7 +322,10 @@ def test_page_charts_follow_presentation_mode(flash_app) -> None:  # noqa: ANN00
     assert len(specs) >= 4
     assert all(s["layout"]["template"]["layout"]["font"]["size"] == 20 for s in specs)
     online = next(s for s in specs if any("Running max" in a.get("text", "") for a in s["layout"].get("annotations", [])))
-    assert all("size" not in a.get("font", {}) for a in online["layout"]["annotations"])
+    labels = online["layout"]["annotations"]
+    assert all("size" not in a.get("font", {}) for a in labels if not a["text"].startswith("×"))
+    factors = [a for a in labels if a["text"].startswith("×")]
+    assert factors and all(a["font"]["size"] == round(12 * PRESENT_FONT_SIZE / FONT_SIZE) for a in factors)
 
 
 def test_kernel_tiles_text_follows_the_kernel_configs(monkeypatch: pytest.MonkeyPatch) -> None:

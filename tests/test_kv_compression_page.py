@@ -101,6 +101,9 @@ def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     for fig in figures:
         assert isinstance(fig, go.Figure) and fig.layout.title.text
     assert len(figures[0].data) == 4 and len(figures[1].data) == 3  # the reference has no KL line
+    # The KL chart counts generated tokens from 1 too: the first point is the second token, the prefill's own
+    # prediction (step 0) having seen no compressed cache.
+    assert list(figures[1].data[0].x) == list(range(2, len(result.variants[1].kl) + 1))
     r = result.variants[3]
     counts = kept_counts(r.kept, r.kept.shape[0] - 1, result.prompt_len + r.kept.shape[0] - 1)
     assert counts.shape[0] == 30 and (counts.sum(axis=1) == 16 * 3).all()

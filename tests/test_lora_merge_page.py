@@ -208,6 +208,12 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     charts = len(at.get("plotly_chart"))
     assert charts >= 4  # steps, anatomy, spectrum, memory (+ the bench's file when there is one)
     assert "CPU" in " ".join(c.value for c in at.caption)
+    # Merging removes the LoRA kernels' time, which the advice quotes (a merged step that timed slower on a busy
+    # host made the "Extra" range read "-27% ... is gone").
+    (timing,) = [d.value for d in at.dataframe if "LoRA kernels ms" in d.value.columns]
+    lora_ms = timing["LoRA kernels ms"]
+    advice = next(m.value for m in at.markdown if m.value.startswith("**Merge**"))
+    assert f"the LoRA kernels' {lora_ms.min():.3g} to {lora_ms.max():.3g} ms a step above are gone" in advice
     # Another linear's spectrum comes from the run's adapter (nothing runs again).
     monkeypatch.setattr(section, "run_merge_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at.selectbox(key=f"{PREFIX}-sv-target-random-r4").set_value("down").run()

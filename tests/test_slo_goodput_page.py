@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, run_sweep
 from engine.serving_load import sweep as sweep_module
 
-from app.analysis.slo_goodput import (PRESETS, SweepSettings, goodput_text, miss_reasons, parse_rates, preset_rows,
-                                      requests_frame, rows_to_configs, runs_frame)
+from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, goodput_text, miss_reasons, parse_rates,
+                                      preset_rows, requests_frame, rows_to_configs, runs_frame)
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
@@ -84,6 +84,23 @@ def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
     bars = [t for t in figs[3].data if isinstance(t, go.Bar) and t.orientation == "h"]
     assert [b.name for b in bars] == ["waiting", "prefill → first token", "decoding"] and len(bars[0].y) == 5
     assert goodput_text(None, (2.0, 500.0)) == "below 2 req/s" and goodput_text(500.0, (2.0, 500.0)).endswith("(or more)")
+    # Each request's TTFT is written on the side of the target its verdict puts it.
+    for t, text in zip(run.timings, reqs["TTFT (s)"]):
+        assert (float(text) <= slo.ttft_s) == t.meets_ttft(slo) and abs(float(text) - t.ttft_s) < 5e-4
+    # The scatter's hover writes the table's numbers.
+    table = dict(zip(reqs["request"], zip(reqs["TTFT (s)"], reqs["TPOT (ms)"])))
+    hovered = {tuple(c[4:]) for trace in figs[2].data for c in (trace.customdata or ())}
+    assert hovered == set(table.values())
+
+
+def test_times_are_written_on_their_side_of_the_target() -> None:
+    """Three decimals called a 1.0004 s TTFT "1.000" beside "✗ TTFT" for a 1 s target: digits are added
+    until the written number agrees with the verdict, and only then."""
+    assert beside_target(1.0004, 1.0, False, 3) == "1.0004"
+    assert beside_target(0.99996, 1.0, True, 3) == "1.000"  # at the target is within it
+    assert beside_target(1.2346, 1.0, False, 3) == "1.235"
+    assert beside_target(100.3, 100.0, False, 0) == "100.3" and beside_target(99.6, 100.0, True, 0) == "100"
+    assert beside_target(72.4, 100.0, True, 0) == "72"
 
 
 def _small_settings(requests: int = 2) -> SweepSettings:

@@ -167,6 +167,23 @@ def summarize(sample: dict[str, Any]) -> SampleSummary:
                          sum(e.get("mask_wait_seconds", e["mask_seconds"]) for e in masked))
 
 
+@dataclass(frozen=True, slots=True)
+class LastMask:
+    allowed: int  # tokens the mask allowed
+    token: int  # which output token it was, counted from 1
+    forced_after: int  # tokens jump-forward wrote after it, which had no mask to count
+
+
+def last_mask(sample: dict[str, Any]) -> LastMask | None:
+    """The sample's most recent mask. Jump-forward tokens have none, so a sample that ends in them reports
+    the mask before them and how many came after, not a count that belongs to an earlier token."""
+    events = sample["events"]
+    for i in range(len(events) - 1, -1, -1):
+        if events[i]["allowed"] is not None:
+            return LastMask(events[i]["allowed"], i + 1, len(events) - 1 - i)
+    return None
+
+
 # ---- the same prompt, three ways -----------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

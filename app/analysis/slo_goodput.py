@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from engine.serving_load import SLO, WORKLOADS, LoadConfig, LoadRun, SweepResult
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, LoadRun, RequestTiming, SweepResult
 from engine.serving_load.sweep import MAX_CONFIGS, MAX_RATES
 
 # Rows of the configuration table. The presets each turn one knob and hold the others.
@@ -168,11 +168,32 @@ def _verdict(ttft_ok: bool, tpot_ok: bool) -> str:
     return "✗ both" if not (ttft_ok or tpot_ok) else "✗ TTFT" if not ttft_ok else "✗ TPOT"
 
 
+def beside_target(value: float, target: float, within: bool, decimals: int) -> str:
+    """`value` to `decimals` places, or as many more (up to three) as it takes for the written number to sit
+    on the side of `target` the verdict `within` (value at most target) puts it: a 1.0004 s TTFT that
+    missed a 1 s target read "1.000 ✗", a 100.3 ms TPOT "100 ✗"."""
+    for d in range(decimals, decimals + 4):
+        text = f"{value:.{d}f}"
+        if (float(text) <= target) == within:
+            return text
+    return text
+
+
+def latency_texts(t: RequestTiming, slo: SLO) -> tuple[str, str]:
+    """A request's TTFT (s, three decimals) and TPOT (ms, whole), each written beside its target, for the
+    table and the charts' hovers alike."""
+    return (beside_target(t.ttft_s, slo.ttft_s, t.meets_ttft(slo), 3),
+            beside_target(1000 * t.tpot_s, 1000 * slo.tpot_s, t.meets_tpot(slo), 0))
+
+
 def requests_frame(run: LoadRun, slo: SLO) -> pd.DataFrame:
-    rows = [{"request": t.request_id, "arrives (s)": t.arrival_s, "prompt": t.prompt_len, "answer": t.output_tokens,
-             "waited (s)": t.queue_s, "TTFT (s)": t.ttft_s, "TPOT (ms)": 1000 * t.tpot_s,
-             "meets SLO": _verdict(t.meets_ttft(slo), t.meets_tpot(slo))}
-            for t in run.timings]
+    """One row per request; its TTFT and TPOT as text (`latency_texts`)."""
+    rows = []
+    for t in run.timings:
+        ttft, tpot = latency_texts(t, slo)
+        rows.append({"request": t.request_id, "arrives (s)": t.arrival_s, "prompt": t.prompt_len,
+                     "answer": t.output_tokens, "waited (s)": t.queue_s, "TTFT (s)": ttft, "TPOT (ms)": tpot,
+                     "meets SLO": _verdict(t.meets_ttft(slo), t.meets_tpot(slo))})
     return pd.DataFrame(rows)
 
 

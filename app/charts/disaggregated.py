@@ -123,11 +123,14 @@ def first_moments_figure(moments: list[FirstMoments], order: list[str]) -> go.Fi
     for m in moments:
         end = max(m.second_token, m.taken, m.first_token) - m.arrival
         ends.append(_ms(end))
-        fig.add_annotation(x=_ms(end), y=m.request_id, text=f"TTFT {_ms(m.first_token - m.arrival):.0f} ms",
+        # The handoff is written out: beside a prefill of hundreds of ms its bar is often under a pixel wide.
+        fig.add_annotation(x=_ms(end), y=m.request_id,
+                           text=f"TTFT {_ms(m.first_token - m.arrival):.0f} ms · handoff "
+                                f"{_ms(max(m.taken - m.first_token, 0.0)):.1f} ms",
                            showarrow=False, xanchor="left", xshift=6, font=dict(size=13, color=MUTED))
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=rows)
-    # Room right of the longest bar for its TTFT label (about 110 px of a ~1100 px plot).
-    fig.update_xaxes(range=[0, max(ends, default=1.0) * 1.14])
+    # Room right of the longest bar for its label (about 210 px of a ~1100 px plot).
+    fig.update_xaxes(range=[0, max(ends, default=1.0) * 1.26])
     fig.update_layout(title=dict(text="From arrival to the second token", subtitle=dict(
                           text="the handoff is the only step a colocated engine does not have")),
                       barmode="stack", xaxis_title="ms", bargap=0.35,

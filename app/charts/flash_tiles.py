@@ -101,16 +101,24 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                     line=dict(color="#0072B2", width=3, shape="hv"), marker=dict(size=dot),
                     customdata=hover, hovertemplate="%{customdata}<br>m = %{y:.3f}<extra></extra>", row=1, col=1)
     grew = [s for s in steps[1:] if s.rescale < 1]
-    # Plotly shrinks "outside" bar text to the bar's width, which left 6-pixel factors over these thin bars:
-    # keep a readable size, and drop the numbers (the hover and the right axis still give them) once the
-    # tiles are too close for them to sit side by side.
-    labelled = len(xs) <= RESCALE_LABELS_MAX_TILES
     fig.add_bar(x=[s.k_tile for s in grew], y=[s.rescale for s in grew], name="rescale exp(m_old − m_new)",
                 marker_color="rgba(213,94,0,0.35)", marker_line=dict(color="#D55E00", width=1.5),
-                text=[f"×{s.rescale:.2g}" for s in grew] if labelled else None, textposition="outside",
-                textfont=dict(color="#D55E00", size=12), constraintext="none", cliponaxis=False,
                 hovertemplate="K tile %{x}: the max grew, so l and O were multiplied by %{y:.3f}<extra></extra>",
                 row=2, col=1, secondary_y=True)
+    # The factors are written over their bars on a backdrop (as bar text the running-sum line ran through
+    # them) at a fixed readable size (Plotly shrank bar text to a thin bar's width), one line up where the
+    # tile before also rescaled so neighbours do not cover each other, and left to the hover and the right
+    # axis once the tiles are too close for that.
+    if len(xs) <= RESCALE_LABELS_MAX_TILES:
+        before, raised = None, False
+        for s in grew:
+            # A neighbour's label is one line up from the higher of the two bars.
+            raised = before is not None and before.k_tile == s.k_tile - 1 and not raised
+            fig.add_annotation(x=s.k_tile, y=max(s.rescale, before.rescale) if raised else s.rescale,
+                               text=f"×{s.rescale:.2g}", showarrow=False, yanchor="bottom", yshift=20 if raised else 2,
+                               font=dict(color="#D55E00", size=12), bgcolor="rgba(255,255,255,0.85)",
+                               row=2, col=1, secondary_y=True)
+            before = s
     fig.add_scatter(x=xs, y=[s.l for s in steps], mode="lines+markers", name="running sum l",
                     line=dict(color="#009E73", width=3), marker=dict(size=dot),
                     customdata=hover, hovertemplate="%{customdata}<br>l = %{y:.3f}<extra></extra>",

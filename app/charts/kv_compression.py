@@ -78,20 +78,22 @@ def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> 
     for i, r in enumerate(result.variants):
         if r.is_reference:
             continue
-        xs = list(range(1, len(r.kl)))
+        steps = list(range(1, len(r.kl)))  # step 0 is the prefill's prediction, before any compression
         ys = [max(float(k), KL_FLOOR) for k in r.kl[1:]]
         every_y += ys
         agree = r.matches[1:]
-        hover = [f"{token_text(ref[x])!r} · KL {r.kl[x]:.2g}" + ("" if a else f" · its top: {token_text(int(r.forced_argmax[x]))!r}")
-                 for x, a in zip(xs, agree)]
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=r.variant.label,
+        hover = [f"token {s + 1}: {token_text(ref[s])!r} · KL {r.kl[s]:.2g}"
+                 + ("" if a else f" · its top: {token_text(int(r.forced_argmax[s]))!r}") for s, a in zip(steps, agree)]
+        # Counted from 1, as the summary table's "Text leaves at" counts.
+        fig.add_trace(go.Scatter(x=[s + 1 for s in steps], y=ys, mode="lines+markers", name=r.variant.label,
                                  line=dict(color=variant_color(i), width=2),
                                  marker=dict(size=[6 if a else 11 for a in agree],
                                              symbol=["circle" if a else "x" for a in agree]),
                                  customdata=hover, hovertemplate="%{customdata}<extra>" + r.variant.label + "</extra>"))
     fig.update_layout(title=dict(text="How far each cache moved the next-token distribution", subtitle=dict(
         text="Every variant fed the reference's text; × = its top token was a different one")),
-        xaxis=dict(title="generated token", **index_ticks(len(ref))),
+        # No "0" tick on an axis counted from 1 (token 1, the prefill's own, has no point: nothing was compressed yet).
+        xaxis=dict(title="generated token", range=[0.5, len(ref) + 0.5], **index_ticks(len(ref) + 1)),
         yaxis=dict(title="KL from the reference (nats)", **log_axis(),
                    # Padded a decade each way, about where Plotly's own range would end.
                    **(decade_ticks(min(every_y) / 10, max(every_y) * 10) if every_y else {})))

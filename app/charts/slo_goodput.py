@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from engine.serving_load import SLO, LoadRun, SweepResult
 
+from app.analysis.slo_goodput import latency_texts
 from app.charts.colors import tint
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
@@ -106,9 +107,10 @@ def request_scatter_figure(run: LoadRun, slo: SLO) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[t.ttft_s for t in ts], y=[1000 * t.tpot_s for t in ts], mode="markers", name=f"{name} ({len(ts)})",
             marker=dict(size=11, color=color, symbol="circle" if met else "x", line=dict(width=1, color="white")),
-            customdata=[[t.request_id, t.prompt_len, t.output_tokens, t.queue_s] for t in ts],
+            customdata=[[t.request_id, t.prompt_len, t.output_tokens, t.queue_s, *latency_texts(t, slo)] for t in ts],
             hovertemplate=("<b>%{customdata[0]}</b>: %{customdata[1]}-token prompt, %{customdata[2]} tokens<br>"
-                           "waited %{customdata[3]:.2f} s · TTFT %{x:.2f} s · TPOT %{y:.0f} ms<extra></extra>")))
+                           "waited %{customdata[3]:.2f} s · TTFT %{customdata[4]} s · TPOT %{customdata[5]} ms"
+                           "<extra></extra>")))
     fig.update_layout(
         title=dict(text="Each request against the targets", subtitle=dict(
             text=f"{run.config.label} at {run.rate:g} req/s; shaded: both within target")),
@@ -132,9 +134,9 @@ def timeline_figure(run: LoadRun, slo: SLO) -> go.Figure:
         fig.add_trace(go.Bar(
             y=ids, x=[b - a for a, b in spans], base=[a for a, _ in spans], orientation="h", name=name,
             marker=dict(color=color, line=dict(width=0)),
-            customdata=[[a, b, t.ttft_s, 1000 * t.tpot_s] for (a, b), t in zip(spans, timings)],
+            customdata=[[a, b, *latency_texts(t, slo)] for (a, b), t in zip(spans, timings)],
             hovertemplate=(f"<b>%{{y}}</b> {name}: %{{customdata[0]:.2f}}–%{{customdata[1]:.2f}} s"
-                           "<br>TTFT %{customdata[2]:.2f} s · TPOT %{customdata[3]:.0f} ms<extra></extra>")),
+                           "<br>TTFT %{customdata[2]} s · TPOT %{customdata[3]} ms<extra></extra>")),
             row=1, col=1)
     missed = [t for t in timings if not t.meets(slo)]
     fig.add_trace(go.Scatter(x=[t.finish_s for t in missed], y=[t.request_id for t in missed], mode="markers",

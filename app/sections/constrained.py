@@ -13,7 +13,7 @@ from engine.constrained.presets import PRESETS
 from engine.trace import StepRecord
 
 from app.analysis.constrained import (MAX_OUTPUT_TOKENS, MAX_SAMPLES, MODES, ModeRun, RunSettings, bench_tables,
-                                      check_settings, load_bench, mode_rows, modes_for, preset_by_name,
+                                      check_settings, last_mask, load_bench, mode_rows, modes_for, preset_by_name,
                                       preset_settings, request_view, run_modes, summarize, token_rows)
 from app.charts.constrained import mask_figure, modes_figure
 from app.formatting import NO_VALUE, fmt_duration, plural, step_line
@@ -209,7 +209,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     previous = {s["label"]: len(s["events"]) for s in prev["samples"]} if prev else {}
     s0 = samples[0]
     summary = summarize(s0)
-    last = next((e for e in reversed(s0["events"]) if e["allowed"] is not None), None)
+    last = last_mask(s0)
     kinds = summary.kinds
     m = st.columns(6)
     m[0].metric("Output tokens", summary.tokens, help=f"of {s0['label']}")
@@ -217,8 +217,11 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[2].metric("No choice", kinds.get("only", 0) + kinds.get("forced", 0),
                 help="tokens the grammar allowed in one way only: sampled anyway (grey) or written by jump-forward "
                      "(green)")
-    m[3].metric("Allowed at the last token", "–" if last is None else f"{last['allowed']:,}",
-                help=f"of the {session.engine.tokenizer.vocab_size:,} tokens of the vocabulary")
+    vocab = f"of the {session.engine.tokenizer.vocab_size:,} tokens of the vocabulary"
+    m[3].metric("Allowed at the last mask", NO_VALUE if last is None else f"{last.allowed:,}",
+                help=vocab if last is None else f"{vocab}, at output token {last.token}" + (
+                    f"; jump-forward wrote the {plural(last.forced_after, 'token')} after it, which need no mask"
+                    if last.forced_after else ""))
     m[4].metric("Mask per token", f"{summary.mean_mask_us:.0f} µs" if summary.masked_tokens else "–",
                 help="llguidance computing the grammar's bitmask, and its unpacking, averaged over this sample's "
                      f"sampled tokens; with the statistics this page draws (the model's softmax, its top 5 and the "

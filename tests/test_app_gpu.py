@@ -211,4 +211,4 @@ def test_latent_kv_section_on_the_gpu(gpu_app: AppTest) -> None:
     at.number_input(key="kv-mla-tokens").set_value(4)
     at.button(key="FormSubmitter:kv-mla-form-Factor, score and answer").click().run(timeout=300)
     assert_clean(at)
-    assert next(m for m in at.metric if m.label == "Numbers per token").value == "64"
+    assert next(m for m in at.metric if m.label == "Numbers per token and layer").value == "64"

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.analysis.chunked import compare_chunking, step_splits, token_gaps, unchunked_budget, worst_stall
 from app.analysis.radix import cache_series, compare_prefix_cache, tidy_layout, tree_graph
-from app.charts.radix_tree import BOX_W, CHAR_PX, PLOT_PX_1280, radix_tree_figure
+from app.charts.radix_tree import BOX_W, CHAR_PX, PLOT_PX_1280, label_width, radix_tree_figure
 from app.scenario_library import CHUNKED_PREFILL, RADIX_PREFIX_CACHE, chatml
 from app.scenarios import scenario_from_json
 from app.session import EngineSession
@@ -92,7 +92,7 @@ def _assert_labels_fit(fig) -> None:  # noqa: ANN001
         for line in text.split("<br>"):
             visible = html.unescape(re.sub(r"<[^>]+>", "", line))
             limit = box_px if visible.startswith(("“", "…")) else max(box_px, 22 * CHAR_PX)
-            assert len(visible) * CHAR_PX <= limit, (line, box_px)
+            assert label_width(visible) * CHAR_PX <= limit, (line, box_px)  # "⏎" counts two
 
 
 def test_unrelated_prompts_never_hit(random_weights) -> None:  # noqa: ANN001

@@ -122,7 +122,9 @@ def test_roofline_charts_build(run_records) -> None:  # noqa: ANN001
     names = [t.name or "" for t in fig.data]
     assert "ridge point" in names and any("this step" in n for n in names) and "other prefill steps (summed)" in names
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    decode_calculator_chart(CFG, 4, c, 8, 1024)
+    calc = decode_calculator_chart(CFG, 4, c, 8, 1024)
+    lo, hi = calc.layout.xaxis2.range  # throughput panel: batch 1 sits clear of the y axis's "0"
+    assert lo < 0 < math.log10(4096) < hi
     step_latency_chart(run_records, 2)
     fig = request_latency_chart(run_records[-1], ["r0", "r1"])
     assert list(fig.data[0].x) == ["r0", "r1"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.analysis.speculative import (bench_rows, compare_drafters, expected_tokens_per_pass, load_bench, measured_c,
-                                      predicted_speedup, round_sentence, spec_series, speedup_vs_plain, step_rounds)
+from app.analysis.speculative import (bench_rows, compare_drafters, cost_text, expected_tokens_per_pass, load_bench,
+                                      measured_c, predicted_speedup, round_sentence, spec_series, speedup_vs_plain,
+                                      step_rounds)
 from app.charts.speculative import bench_figure, closed_form_figure, compare_figure, round_figure
 from app.registry import PAGES
 from app.scenario_library import SPECULATIVE
@@ -60,6 +61,10 @@ def test_bench_file_matches_its_own_closed_form() -> None:
     rows = bench_rows(bench)
     assert {"copy", "chat"} <= {r["workload"] for r in rows}
     assert not any(r["drafter"] in ("Medusa heads", "EAGLE layer") for r in rows)  # trees: page 08
+    # c in one notation per magnitude: powers of ten below 0.001, two figures above
+    assert (cost_text(4.2e-5), cost_text(1.4e-4), cost_text(0.523), cost_text(0.0)) == ("4.2e-05", "1.4e-04", "0.52", "0")
+    assert all(r["c"] == cost_text(raw["c"]) for r, raw in zip(rows, [x for x in bench["rows"]
+                                                                     if x["drafter"] not in ("plain", "medusa", "eagle")]))
     for raw in bench["rows"]:
         if raw["drafter"] != "plain":
             predicted = expected_tokens_per_pass(raw["alpha"], raw["gamma"])
@@ -145,6 +150,10 @@ def test_page_steps_scrubs_controls_and_compares(random_app: AppTest) -> None:
     assert [r.step for r in session.records] == [0, 1, 2, 3, 4]
     assert len(at.get("plotly_chart")) >= 4
     assert any(m.label == "α so far" for m in at.metric)
+    # The bench table's v below 1 (the chat rows of prompt lookup) is called noise where "with v" beats the formula.
+    below = [r["v"] for r in load_bench()["rows"] if r.get("v", 1) < 1 and r["drafter"] not in ("plain", "medusa", "eagle")]
+    assert below and any(f"v is below 1 ({min(below):.2f} to {max(below):.2f})" in c.value and "timing noise" in c.value
+                         for c in at.caption)
     # Scrub back to the prefill step (no round) and forward again: redrawn from records, nothing re-runs.
     at.slider(key="spec-scrub").set_value(0).run()
     assert_clean(at)
@@ -193,3 +202,13 @@ def test_page_with_the_real_model(real_weights, monkeypatch: pytest.MonkeyPatch)
     at.slider(key="spec-scrub").set_value(1).run()  # step 1: the first decode, a lookup round
     assert_clean(at)
     assert any("from one target pass" in m.value for m in at.markdown)
+
+
+def test_a_step_without_decodes_is_named_in_the_time_split() -> None:
+    """The prefill step has no draft, verify or plain bar: it is labelled, not left to read as 0 ms."""
+    from app.analysis.speculative import SpecPoint
+    from app.charts.speculative import time_split_figure
+
+    series = [SpecPoint(0, 0, 0, 0, 0, 1, 0.0, 0.0, 0, 0), SpecPoint(1, 1, 4, 3, 1, 4, 0.002, 0.030, 1, 4)]
+    labels = [a for a in time_split_figure(series).layout.annotations if a.text == "prefill only"]
+    assert [a.x for a in labels] == [0]

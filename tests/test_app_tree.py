@@ -151,3 +151,29 @@ def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> Non
     at.button(key="tree-cost").click().run()
     assert_clean(at)
     assert at.session_state["page-cache:tree"]["cost"]
+
+
+def test_drafting_time_before_any_round_is_a_dash() -> None:
+    """At the prefill (or with no drafter) nothing was drafted or verified: a dash, not "0 µs"."""
+    from app.formatting import NO_VALUE
+    from app.widgets.spec_metrics import drafting_time_metric
+
+    class Column:
+        def __init__(self) -> None:
+            self.shown: list[tuple[str, str, str]] = []
+
+        def metric(self, label: str, value: str, delta: str, **_: object) -> None:
+            self.shown.append((label, value, delta))
+
+    col = Column()
+    drafting_time_metric(col, 0.0, 0.0, "help")  # type: ignore[arg-type]
+    drafting_time_metric(col, 0.002, 0.010, "help")  # type: ignore[arg-type]
+    assert col.shown == [("Time drafting", NO_VALUE, "no round yet"), ("Time drafting", "2 ms", "verifying 10 ms")]
+
+
+def test_a_kept_node_never_reads_zero_probability() -> None:
+    """A node in a top-k tree had "for 0.00" under it: below 0.005 it reads "<0.01" (escaped for Plotly)."""
+    from app.charts.draft_tree import prob_text
+
+    assert (prob_text(0.004), prob_text(0.005), prob_text(0.42), prob_text(0.0)) == ("&lt;0.01", "0.01", "0.42",
+                                                                                      "0.00")

@@ -40,6 +40,8 @@ def test_charts_of_one_step_draw_points(random_weights) -> None:  # noqa: ANN001
     engine.add_request(list(range(100, 130)), SamplingParams(max_tokens=4, ignore_eos=True))
     first = [engine.step()]
     assert all("markers" in t.mode for t in kv_growth(first, 2 * 30 * 3 * 64 * 4, ["r0"]).data)
+    # and its step axis starts at step 0 (Plotly ran it from -1 around the one point)
+    assert kv_growth(first, 2 * 30 * 3 * 64 * 4, ["r0"]).layout.xaxis.range == (-0.5, 1.5)
     assert "markers" in batch_over_steps(first, ["r0"]).data[-1].mode
     both = [*first, engine.step()]
     assert all(t.mode == "lines" for t in kv_growth(both, 2 * 30 * 3 * 64 * 4, ["r0"]).data)

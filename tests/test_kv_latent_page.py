@@ -34,8 +34,8 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
     at.button(key=SUBMIT).click().run()
     assert_clean(at)
     labels = [m.label for m in at.metric]
-    assert "Numbers per token" in labels and "Rebuilding K from latents" in labels
-    assert next(m for m in at.metric if m.label == "Numbers per token").value == "64"
+    assert "Numbers per token and layer" in labels and "Rebuilding K from latents" in labels
+    assert next(m for m in at.metric if m.label == "Numbers per token and layer").value == "64"
     assert len(at.get("plotly_chart")) == charts + 2
     assert any("At the same cache size" in m.value for m in at.markdown)
 
@@ -46,7 +46,7 @@ def test_section_runs_on_request_and_keeps_results_on_bad_input(random_app: AppT
 
     # Bad input: the message, and the last results stay.
     submit_blank_prompt(at, f"{LAB}-prompt", SUBMIT)
-    assert "Numbers per token" in [m.label for m in at.metric]
+    assert "Numbers per token and layer" in [m.label for m in at.metric]
 
 
 def test_a_failing_run_is_a_message(random_app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,12 @@ def test_self_speculation_writes_the_engines_greedy_text(real_weights, real_lab,
     assert all(r.committed[:r.accepted] == r.drafted[:r.accepted] for r in run.rounds)
     assert 1.0 <= run.tokens_per_pass <= gamma + 1
     assert run.draft_bytes_per_token < run.target_bytes_per_token
+    # The rounds add up to the answer: no bonus token past the 40-token budget or past an end of turn counts
+    # toward tokens per pass (a last all-accepted round made FP8 read 4.00 where 3.75 was written).
+    written = [run.tokens[0], *(t for r in run.rounds for t in r.committed)]
+    eos = set(real_weights.config.eos_token_ids)
+    assert written[:len(run.tokens)] == list(run.tokens) and len(written) <= 40
+    assert len(written) == len(run.tokens) or (len(written) == len(run.tokens) + 1 and written[-1] in eos)
 
 
 def test_fewer_bits_keep_fewer_drafts(real_weights, real_lab) -> None:  # noqa: ANN001

@@ -102,6 +102,9 @@ def test_step_times_switch_to_seconds_for_minute_long_prefills(random_weights) -
     second = dataclasses.replace(rec, requests=(dataclasses.replace(first, ttft_seconds=1.13),))
     assert request_latency_chart(second, [first.request_id]).layout.annotations[0].text.startswith("TTFT (s)")
     assert request_latency_chart(rec, [first.request_id]).layout.yaxis2.title.text is None
+    # After the prefill no request has a TPOT: the panel says so, with no made-up scale under the note.
+    empty = request_latency_chart(rec, [first.request_id])
+    assert empty.layout.yaxis2.showticklabels is False and empty.layout.yaxis.showticklabels is not False
 
 
 def test_roofline_axes_label_powers_of_ten_only(random_weights) -> None:  # noqa: ANN001

@@ -21,7 +21,6 @@ def step_range(steps: Iterable[int], selected: int | None = None) -> dict:
     return {"range": [-0.5, max(*steps, selected or 0, 1) + 0.5]}
 
 
-
 def step_line_mode(num_steps: int) -> str:
     """Plotly's mode for a series over engine steps: a line alone through a single point draws nothing (charts
     scrubbed to step 0, the prefill, were blank under metrics that had values), so markers until there are two."""

@@ -153,8 +153,10 @@ def token_gap_figure(records, order: list[str], selected_time: float | None = No
         fig = go.Figure()
         fig.add_annotation(text="no request has two tokens yet", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
+        # No y ticks: with no gap yet a 0-4 ms scale would read as data.
         fig.update_layout(title=title, xaxis=dict(title="engine clock (s)", range=[0, 1]),
-                          yaxis_title="ms since the previous token", height=gap_figure_height(0))
+                          yaxis=dict(title="ms since the previous token", showticklabels=False, showgrid=False,
+                                     zeroline=False), height=gap_figure_height(0))
         return fig
     fig = make_subplots(rows=len(ids), cols=1, shared_xaxes=True, shared_yaxes="all", vertical_spacing=0.03)
     for i, rid in enumerate(ids, start=1):

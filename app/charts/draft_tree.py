@@ -25,6 +25,12 @@ STATUS_NAMES = {"accepted": "accepted (on the kept path)", "rejected": "checked 
 RUN_COLORS = {"plain": "#6B7280", "medusa": "#E69F00", "eagle": "#009E73"}
 
 
+def prob_text(p: float) -> str:
+    """Two decimals, but never "0.00" for a token the tree kept: the drafter gave it some probability.
+    Escaped: Plotly would read "<0.01" as the start of a tag."""
+    return "&lt;0.01" if 0 < p < 0.005 else f"{p:.2f}"
+
+
 def _label(text: str, limit: int = 11) -> str:
     text = text.replace("<", "&lt;")
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -62,11 +68,11 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
                 texts.append(f"<b>{_label(d['text'])}</b>")
                 hovers.append(f"root: the last sampled token “{d['text']}” (row 0 of the pass)")
             elif n == FINAL:
-                texts.append(f"<b>{_label(d['text'])}</b> p {d['p']:.2f}")
+                texts.append(f"<b>{_label(d['text'])}</b> p {prob_text(d['p'])}")
                 hovers.append(f"{STATUS_NAMES[status]}: “{d['text']}”, target p = {d['p']:.3f}")
             else:
                 # q in grey at the token's size: a fixed 10 px span stayed 10 px in presentation mode.
-                texts.append(f"{_label(d['text'])} <span style='color:{MUTED}'>{d['q']:.2f}</span>")
+                texts.append(f"{_label(d['text'])} <span style='color:{MUTED}'>{prob_text(d['q'])}</span>")
                 hovers.append(f"node {n} (row {d['row']}, depth {d['depth']}): “{d['text']}”<br>"
                               f"q = {d['q']:.3f}, path probability {d['path_prob']:.3f}<br>"
                               f"target's argmax after it: “{d['argmax']}”<br>{STATUS_NAMES[status]}")

@@ -13,7 +13,7 @@ from app.analysis.cache_timing import CacheTiming
 from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, kv_bytes_per_token, variant_bytes_per_token,
                                   weights_bytes)
 from app.analysis.trace_metrics import tokens_by_owner
-from app.charts.axes import step_line_mode, step_ticks
+from app.charts.axes import step_line_mode, step_range, step_ticks
 from app.charts.colors import owner_color
 from app.formatting import GIB, MIB
 from app.theme import ACCENT, MUTED
@@ -44,7 +44,7 @@ def kv_growth(records: list[StepRecord], bytes_per_token: int, order: list[str])
     )
     fig.update_layout(title="KV cache held after each step", xaxis_title="engine step",
                       yaxis_title="MiB of K and V", hovermode="x unified")
-    fig.update_xaxes(**step_ticks(records))
+    fig.update_xaxes(**step_ticks(records), **step_range(steps))
     return fig
 
 

@@ -70,8 +70,8 @@ def speedup_figure(frame: pd.DataFrame) -> go.Figure:
                     line=dict(color=MUTED, dash="dot", width=1.5), hoverinfo="skip")
     fig.update_layout(
         title=dict(text="What the measured acceptance would buy, by context", subtitle=dict(
-            text="time ∝ bytes a step reads, target in bf16 · solid: draft weights 16-bit · dashed: INT4 "
-                 "(QuantSpec)")),
+            text="time ∝ bytes a step reads, target in bf16 · solid: the draft shares the target's weights · "
+                 "dashed: INT4 (QuantSpec)")),
         xaxis=dict(title="context (tokens, log scale)", type="log", tickvals=ticks,
                    ticktext=[f"{t // 1024}k" for t in ticks]),
         yaxis=dict(title="speed-up over plain decoding", rangemode="tozero"),

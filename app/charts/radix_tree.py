@@ -38,14 +38,36 @@ def _short(text: str, limit: int) -> str:
     return html.escape(t)
 
 
+# The newline mark is about two characters wide in the labels' font: counted as one, a leaf ending in two of
+# them ("…Sentiment:</s>⏎<s>assistant⏎”") ran past its box at 1280 pixels.
+WIDE_CHARS = {"⏎": 2.0}
+
+
+def label_width(line: str) -> float:
+    """A label line's width in average characters (CHAR_PX each)."""
+    return sum(WIDE_CHARS.get(c, 1.0) for c in line)
+
+
+def _head(t: str, width: float) -> str:
+    """The longest start of `t` at most `width` characters wide."""
+    used = 0.0
+    for i, c in enumerate(t):
+        used += WIDE_CHARS.get(c, 1.0)
+        if used > width:
+            return t[:i]
+    return t
+
+
 def _two_lines(text: str, per_line: int) -> str:
     """Node text on up to two lines: the start of the span, then its end (what it starts and ends with)."""
     t = _visible(text)
-    if len(t) <= per_line:
+    if label_width(t) <= per_line:
         return "“" + html.escape(t) + "”"
-    if len(t) <= 2 * per_line:
-        return "“" + html.escape(t[:per_line]) + "<br>" + html.escape(t[per_line:]) + "”"
-    return "“" + html.escape(t[:per_line - 1]) + "…<br>…" + html.escape(t[-(per_line - 1):]) + "”"
+    first = _head(t, per_line)
+    if label_width(t) - label_width(first) <= per_line:
+        return "“" + html.escape(first) + "<br>" + html.escape(t[len(first):]) + "”"
+    tail = _head(t[::-1], per_line - 1)[::-1]
+    return "“" + html.escape(_head(t, per_line - 1)) + "…<br>…" + html.escape(tail) + "”"
 
 
 def _wrap_facts(facts: list[str], width: int) -> str:

@@ -306,6 +306,8 @@ def decode_calculator_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int
     # Linear from zero: the curve's flattening is the lesson, and a log axis over a narrow range
     # (a slow CPU's 60-140 tokens/s) had no labelled tick at all and made a small change look big.
     fig.update_yaxes(rangemode="tozero", tickformat="~s", title_text="output tokens per second", row=1, col=2)
+    # The batch axis starts a little left of batch 1, so its "1" and the y axis's "0" are not one label.
+    fig.update_xaxes(range=[math.log10(0.7), math.log10(4096 / 0.7)], row=1, col=2)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
                       margin=dict(b=110))
     return fig
@@ -377,6 +379,9 @@ def request_latency_chart(record: StepRecord, order: list[str]) -> go.Figure:
     fig.update_yaxes(range=[0, top1 * 1.25], row=1, col=1)
     fig.update_yaxes(range=[0, top2 * 1.25], row=1, col=2)
     if not any(v is not None for v in tpot):
+        # No ticks on an axis with nothing on it: a made-up 0-1.2 scale read as data, and its "0.6" sat under
+        # the note.
+        fig.update_yaxes(showticklabels=False, showgrid=False, row=1, col=2)
         fig.add_annotation(x=0.5, y=0.5, xref="x2 domain", yref="y2 domain", showarrow=False,
                            text="no request has two tokens<br>at this step", font=dict(color=MUTED, size=13))
     fig.update_layout(showlegend=False)

@@ -208,6 +208,11 @@ def time_split_figure(series: list[SpecPoint], selected: int | None = None) -> g
     if any(p.plain_seconds for p in series):
         fig.add_bar(x=steps, y=[p.plain_seconds * 1e3 for p in series], name="plain decode (no draft)",
                     marker_color=MUTED, hovertemplate="step %{x}: plain decode %{y:.0f} ms<extra></extra>")
+    # A step with no decode at all (only prompts computed) has no bar: named, or it read as a 0 ms step.
+    for p in series:
+        if not (p.draft_seconds or p.verify_seconds or p.plain_seconds):
+            fig.add_annotation(x=p.step, y=0, yanchor="bottom", text="prefill only", textangle=-90,
+                               showarrow=False, font=dict(color=MUTED))
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     fig.update_layout(title="Draft vs verify time per step", barmode="stack", bargap=0.15, xaxis_title="engine step",

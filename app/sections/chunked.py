@@ -23,7 +23,7 @@ def chunked_explanation() -> None:
         "Chunked prefill (SARATHI, vLLM, SGLang)",
         [r"\text{tokens}_s = \underbrace{d_s}_{\text{decodes, 1 each}} + \underbrace{c_s}_{\text{prompt chunk}}"
          r"\ \le\ \text{budget}",
-         r"c_s = \min(\text{prompt left},\ \text{budget} - d_s)",
+         r"c_s = {\min(\text{prompt left},\ \text{budget} - d_s)}",
          r"T_s \approx T_{\text{weights}} + {\alpha \cdot \text{tokens}_s} \quad\allowbreak (\text{iteration time})",
          r"\text{gap between two tokens} = \textstyle\sum_{\text{steps between them}} T_s"],
         ["Every iteration computes at most **budget** tokens. Running requests decode first (1 token each); "

@@ -30,7 +30,7 @@ def mla_section(page: str) -> None:
         [r"c_t = W^{DKV} x_t \quad \text{(cached)}",
          r"k^{(h)}_t = W^{UK}_h\, c_t, \qquad v^{(h)}_t = W^{UV}_h\, c_t",
          r"q^{(h)\top} k^{(h)}_t = \big(W^{UK\top}_h q^{(h)}\big)^{\top} c_t",
-         r"\text{bytes per token} = L\,(d_c + d_R)\, b \;\;\text{vs}\;\; 2 L\, H_{kv}\, d_h\, b"],
+         r"\text{bytes per token} = L\,{(d_c + d_R)}\, b \;\;\text{vs}\;\; 2 L\, H_{kv}\, d_h\, b"],
         ["**GQA and MQA shrink the cache by sharing heads**; MLA shrinks it by caching one small vector $c_t$ per "
          "token and layer, from which every head's K and V are rebuilt by an up-projection.",
          "**Absorption**: $W^{UK}$ can be folded into the query projection (third line) and $W^{UV}$ into the output "
@@ -159,7 +159,7 @@ def _answers(result: LatentLabResult) -> None:
     full, chosen, mqa = result.answers
     c = st.columns(4)
     per = chosen.run.cache_numbers_per_token // result.layers
-    c[0].metric("Numbers per token", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
+    c[0].metric("Numbers per token and layer", f"{per}", f"{per / result.full_rank - 1:+.0%} vs GQA",
                 delta_color="inverse", help="what the latent decoder's cache tensors hold for each token, per layer")
     c[1].metric("Per token at bf16", fmt_bytes(chosen.run.cache_numbers_per_token * BF16),
                 help=f"GQA as trained: {fmt_bytes(full.run.cache_numbers_per_token * BF16)}")

@@ -24,7 +24,7 @@ def lora_explanation() -> None:
         [r"y_t = W x_t + B_{s_t} A_{s_t} x_t \qquad s_t = \text{the adapter of row } t",
          r"\underbrace{W X}_{\text{one GEMM, all rows}} \;+\; \sum_{a} \underbrace{B_a (A_a X_a)}_{\text{shrink, "
          r"expand: rows of adapter } a}",
-         r"\text{extra FLOPs per token} = 2r\,(d_\text{in} + d_\text{out}) \ll 2\,d_\text{in} d_\text{out}"],
+         r"\text{extra FLOPs per token} = 2r\,{(d_\text{in} + d_\text{out})} \ll 2\,d_\text{in} d_\text{out}"],
         ["Every request names a LoRA fine-tune (or none). The base weights W are read **once per step for the "
          "whole batch**; each adapter's small A and B only touch its own rows. That is SGMV, Punica's "
          "segmented gather matrix-vector product: a batch keeps the size it would have with one model.",

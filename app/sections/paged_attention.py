@@ -17,9 +17,9 @@ from app.widgets.request_table import request_state_table
 def paged_explanation() -> None:
     explanation(
         "How a paged KV cache finds a token",
-        [r"\text{physical slot}(p) = {\text{block\_table}\big[\lfloor p / B \rfloor\big] \times B} + (p \bmod B)",
+        [r"\text{physical slot}(p) = {\text{block\_table}\big[\lfloor p / B \rfloor\big] \times B} + {(p \bmod B)}",
          r"\text{waste}_{\text{paged}} \le B - 1 \ \text{slots per sequence}",
-         r"\text{waste}_{\text{contiguous}} = \text{max\_model\_len} - \text{length}"],
+         r"\text{waste}_{\text{contiguous}} = {\text{max\_model\_len} - \text{length}}"],
         ["Each tile of the pool is one physical block of B token slots: the solid part is filled, the pale part is "
          "reserved but empty. Only a sequence's last block can be partly empty.",
          "A sequence's blocks are scattered over the pool; its block table (below) is the only thing that keeps "

@@ -106,7 +106,7 @@ def quantspec_section(page: str) -> None:
     st.dataframe(in_percent_points(runs_frame(result), "acceptance"), hide_index=True, width="stretch",
                  height="content", column_config={
         "draft's cache": text(width=190, help="the draft's KV cache: the target's, stored in this format"),
-        "draft's weights": text("weights", width=64, help="the draft's decoder linears"),
+        "draft's weights": text("weights", width=84, help="the draft's decoder linears"),  # "the target's" whole
         "cache bytes/token": num("bytes/token", width=88, help="the draft's cache per token, codes and scales"),
         "drafted": num(width=64), "accepted": num(width=70),
         "acceptance": share_column(bar=False, width=84, help="accepted / drafted"),

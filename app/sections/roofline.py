@@ -188,7 +188,10 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
     m[1].metric("Tokens computed", record.num_batched_tokens,
                 help=f"{record.num_prefill_tokens} prefill + {record.num_decode_tokens} decode")
     m[2].metric("Step FLOPs", fmt_rate(totals.flops, "FLOP"), help="summed over every timed kernel")
-    m[3].metric("Step bytes moved", fmt_rate(totals.bytes, "B"))
+    m[3].metric("Step bytes moved", fmt_rate(totals.bytes, "B"),
+                help=f"summed over every timed kernel, in decimal units (1 MB = 10⁶ bytes: {totals.bytes:,.0f} bytes) "
+                     "as bandwidth is quoted, so bytes ÷ GB/s reads off directly; sizes held in memory, such as the "
+                     "weights, are in binary MiB (1 MiB = 1.049 MB)")
     # The unit sits in the label: five metrics share the row, and a value wider than its column is cut off.
     above = totals.intensity >= c.ridge
     m[4].metric("Step intensity (FLOP/B)", f"{totals.intensity:.3g}",

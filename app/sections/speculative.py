@@ -217,9 +217,11 @@ def bench_section() -> None:
             "tokens/pass measured": num("τ", format="%.2f", width=50, help="tokens per verification pass, measured"),
             "tokens/pass predicted": num("τ formula", format="%.2f", width=74,
                                          help="(1 − α^(γ+1)) / (1 − α) with the measured α"),
-            # Two significant digits: "%.3f" printed prompt lookup's 7e-5 as "0.000", which reads as free.
-            "c": num(format="%.2g", width=56, help="the cost of drafting one token, in target passes (prompt "
-                                                   "lookup's, a dictionary lookup, is around 1e-4)"),
+            # Two significant digits (analysis.speculative.cost_text): "%.3f" printed prompt lookup's 7e-5 as
+            # "0.000", which reads as free.
+            "c": st.column_config.TextColumn(width=64, alignment="right", help=(
+                "the cost of drafting one token, in target passes (prompt lookup's, a dictionary lookup, is "
+                "around 1e-4)")),
             "speedup measured": num("speedup", format="%.2f", width=66, help="measured, vs plain decoding"),
             "speedup predicted": num("formula", format="%.2f", width=62,
                                      help="the closed form with the measured α and c, verification free"),
@@ -228,9 +230,14 @@ def bench_section() -> None:
             "same tokens as plain": st.column_config.CheckboxColumn("same", width=50,
                                                                     help="the same tokens as plain decoding"),
         })
+        below = [r["v"] for r in bench.get("rows", []) if r.get("v") is not None and r["v"] < 1
+                 and r["drafter"] not in ("plain", "medusa", "eagle")]
+        noise = (f" Where the measured v is below 1 ({min(below):.2f} to {max(below):.2f}), \"with v\" reads above "
+                 "\"formula\": that is timing noise, since a pass over more tokens costs no less than a plain one."
+                 if below else "")
         st.caption("τ: tokens per verification pass, measured and by the closed form; speedup: measured, by the "
                    "closed form, and by the closed form with the verification pass's measured cost v; same: "
-                   "identical tokens to plain decoding.")
+                   "identical tokens to plain decoding." + noise)
 
 
 def compare_section(session: EngineSession, page: str) -> None:

@@ -46,7 +46,7 @@ def current_settings(page: str) -> RunSettings:
 def test_time_explanation() -> None:
     explanation(
         "Inference-time compute scaling (best-of-N, self-consistency, s1 budget forcing)",
-        [r"\text{pass@}N = 1 - (1 - p)^N",
+        [r"\text{pass@}N = 1 - {(1 - p)}^N",
          r"\hat{y}_{\text{maj}} = \arg\max_{y} \textstyle\sum_{i=1}^{N} [\,y_i = y\,]",
          r"\text{self-certainty}(s) = \tfrac{1}{|s|} \textstyle\sum_{i} \log p_\theta(s_i \mid s_{<i})",
          r"\text{cost} \approx N \cdot \bar{n}_{\text{out}} \text{ decode tokens}",

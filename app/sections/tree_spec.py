@@ -31,15 +31,18 @@ ALL_DRAFTERS_BENCH = BENCH_PATH.with_name("spec_cpu_all_drafters.json")
 def tree_explanation() -> None:
     explanation(
         "Tree speculation: Medusa (Cai et al. 2024) and EAGLE (Li et al. 2024)",
-        [r"\text{Medusa head } k:\ \ h^{(k)}_t = h_t + \operatorname{SiLU}(W_k h_t + b_k)",
+        [r"\text{Medusa head } k:\ \ h^{(k)}_t = h_t + {\operatorname{SiLU}(W_k h_t + b_k)}",
          r"x_{t+2+k} \sim \operatorname{softmax}(W_{\text{LM}}\, h^{(k)}_t)",
          r"\text{EAGLE:}\ \ \hat f_{t+1} = \operatorname{Layer}\big(\operatorname{fc}[f_t;\, e(x_{t+1})]\big)",
          r"x_{t+2} \sim \operatorname{softmax}(W_{\text{LM}}\, \hat f_{t+1})",
          r"\text{mask}_{ij} = 1 \iff j = i \text{ or } j \text{ is an ancestor of } i",
          r"\text{position}(i) = \text{start} + \text{depth}(i)",
          r"\tau = \text{tokens per target pass} = \text{accepted path} + 1"],
-        ["Both drafters read the target's **own hidden state** (its final-normed feature), so they cost a "
-         "sliver of a pass. Medusa: K independent heads, each guessing one position further; a **static** tree "
+        ["Both drafters read the target's **own hidden state** (its final-normed feature), so no second model "
+         "runs: a Medusa head is one small block, EAGLE one decoder layer of 30. Every draft still goes "
+         "through the tied LM head, a fifth of this small model's weights, so here drafting costs a real share "
+         "of a pass (Time drafting, below). Medusa: K independent heads, each guessing one position further; a "
+         "**static** tree "
          "of their top-k combinations. EAGLE: one decoder layer run autoregressively on its own predicted "
          "features, expanding the likeliest nodes (a **dynamic** tree, EAGLE-2 style).",
          "The whole tree goes through **one** target pass: siblings share a position but each row sees only "

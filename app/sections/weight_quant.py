@@ -33,7 +33,7 @@ def wq_explanation() -> None:
     embedding_share = cfg.vocab_size * cfg.hidden_size / weights_bytes(cfg, 1)
     explanation(
         "Fewer bits per weight, chosen with a little data",
-        [r"\hat W = s \cdot (q - z),\quad q = \operatorname{clamp}\!\left(\operatorname{round}\!\left(\tfrac{W}{s}\right)"
+        [r"\hat W = s \cdot {(q - z)},\quad q = \operatorname{clamp}\!\left(\operatorname{round}\!\left(\tfrac{W}{s}\right)"
          r" + z,\; 0,\; 2^b - 1\right)",
          r"\text{AWQ: } \hat W = Q\!\left(W \operatorname{diag}(s)\right) \operatorname{diag}(s)^{-1},\quad "
          r"s_j = \overline{|x_j|}^{\,\alpha}",

@@ -18,7 +18,9 @@ def explanation(title: str, formulas: Sequence[str], look_for: Sequence[str], no
             # Inline math in display style rather than st.latex: KaTeX may break inline math after a
             # top-level relation or operator, so a formula wraps in a narrow column (a 1280-pixel projector,
             # a half-width window) instead of being cut off at the column's edge; display-mode formulas
-            # never break. The container's key lets app/presentation.py space the formulas.
+            # never break. A parenthesised term is braced into one atom where the formula is written ("{(p \bmod
+            # B)}"): KaTeX breaks after any top-level operator, and at 1280 pixels "(p mod" ended a line above
+            # "B)". The container's key lets app/presentation.py space the formulas.
             with st.container(key=f"explain-formulas-{name}" if name else "explain-formulas"):
                 for f in formulas:
                     st.markdown(f"$\\displaystyle {f}$")

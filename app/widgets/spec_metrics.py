@@ -7,11 +7,17 @@ from __future__ import annotations
 
 from streamlit.delta_generator import DeltaGenerator
 
-from app.formatting import fmt_duration
+from app.formatting import NO_VALUE, fmt_duration
 
 
 def drafting_time_metric(col: DeltaGenerator, draft_seconds: float, verify_seconds: float, help_text: str) -> None:
-    """Time the drafter took so far, with the verification time in the chip: the split the speedup rests on."""
+    """Time the drafter took so far, with the verification time in the chip: the split the speedup rests on.
+    Before the first round (the prefill, or plain decoding) there is nothing to time: a dash, as the α and τ
+    beside it show, not "0 µs" that reads as a measurement."""
+    if draft_seconds == 0 and verify_seconds == 0:
+        col.metric("Time drafting", NO_VALUE, delta="no round yet", delta_color="off", delta_arrow="off",
+                   help=help_text)
+        return
     col.metric("Time drafting", fmt_duration(draft_seconds), delta=f"verifying {fmt_duration(verify_seconds)}",
                delta_color="off", delta_arrow="off", help=help_text)
 

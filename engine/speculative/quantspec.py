@@ -141,6 +141,11 @@ def self_speculate(lab: KVLab, prompt_ids: list[int], kv_format: str, gamma: int
         while j < len(proposals) and proposals[j] == greedy[j]:
             j += 1
         committed = (*proposals[:j], greedy[j])
+        # What the round adds to the answer: not past the token budget (the bonus token of a last round whose
+        # drafts were all accepted) nor past an end of turn, so tokens per pass counts only what was written.
+        committed = committed[:max_new_tokens - len(out)]
+        ends = [i for i, t in enumerate(committed) if t in eos]
+        committed = committed[:ends[0] + 1] if ends else committed
         # Both caches keep the committed tokens only: pending and the accepted drafts (the target computed them).
         target.cache.truncate(n + j + 1)
         draft.cache.truncate(n)

@@ -10,7 +10,7 @@ PAGE = "aq"
 st.title("FP8, FP4 and SmoothQuant: quantizing activations")
 st.markdown("To run the matmuls themselves on FP8 or FP4 tensor cores, the activations must be quantized as well "
             "as the weights. Weights are tame; activations are not: a few channels of each layer's input are "
-            "hundreds of times larger than the rest, and one scale has to cover them. Below, the live model's "
+            "tens to thousands of times larger than the rest, and one scale has to cover them. Below, the live model's "
             "weights and activations are rounded to each format and measured against the full model.")
 backend_line()
 aq_explanation()

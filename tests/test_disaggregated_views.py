@@ -150,6 +150,7 @@ def test_kv_waiting_for_the_decode_worker_is_drawn_until_now(tiny_weights) -> No
 def test_requests_decoding_in_the_same_iterations_are_named_as_one_line() -> None:
     from app.analysis.chunked import TokenGap
     from app.analysis.disaggregated import ServingRun, coinciding_requests
+    from app.sections.disaggregated import _stacked_lines
 
     def run(key: str, gaps: list[tuple[str, float, float]]) -> ServingRun:
         return ServingRun(key, key, 1, (), tuple(TokenGap(r, 0, t, g, False) for r, t, g in gaps), (), 1.0, ())
@@ -157,6 +158,16 @@ def test_requests_decoding_in_the_same_iterations_are_named_as_one_line() -> Non
     together = [("a", 0.1, 0.05), ("b", 0.1, 0.05), ("c", 0.1, 0.05), ("c", 0.2, 0.1), ("long", 0.3, 0.2)]
     apart = [("a", 0.1, 0.05), ("b", 0.1, 0.05), ("c", 0.1, 0.05), ("c", 0.2, 0.1)]
     runs = {"one": run("one", together), "two": run("two", apart)}
-    assert coinciding_requests(runs, exclude="long") == [["a", "b"]]
+    assert coinciding_requests(runs, exclude="long") == {"one": [["a", "b"]], "two": [["a", "b"]]}
+    assert _stacked_lines(runs, "long") == " a, b: decoded in the same iterations, so their lines lie on top of each other."
     runs["two"] = run("two", [("a", 0.1, 0.05), ("b", 0.15, 0.05)])
-    assert coinciding_requests(runs, exclude="long") == []
+    assert coinciding_requests(runs, exclude="long") == {"one": [["a", "b"]], "two": []}
+    # Named per panel where the panels differ (chat1 sat under chat2 in two panels of three, unnamed).
+    assert _stacked_lines(runs, "long") == " Decoded in the same iterations, so their lines lie on top of each other: one: a, b."
+    runs["two"] = run("two", [("a", 0.1, 0.05), ("b", 0.15, 0.05), ("c", 0.1, 0.05)])
+    assert _stacked_lines(runs, "long").endswith("one: a, b; two: a, c.")
+    runs["two"] = run("two", [("r10", 0.1, 0.05), ("r2", 0.1, 0.05)])
+    assert coinciding_requests(runs)["two"] == [["r2", "r10"]]  # name order, numbers as numbers
+    runs["one"] = run("one", apart[1:])
+    runs["two"] = run("two", apart[1:])
+    assert _stacked_lines(runs, "long") == ""

@@ -186,6 +186,11 @@ def test_bench_file(tmp_path) -> None:  # noqa: ANN001
     assert len(frame) == 4 and frame["extra"].iloc[0] == pytest.approx(0.9)
     fig = bench_figure({"CPU": frame})
     assert len(fig.data) == 2 and fig.layout.title.text
+    # The GPU sentence gives the added milliseconds beside the relative cost (its lines above the CPU's read as
+    # the GPU doing worse).
+    assert section._gpu_extra_text(frame) == ("A GPU kernel fuses that work: in the bench below it adds 9 to 72 ms a "
+                                              "step, yet that is +20% to +650% of the step, because a whole step of a "
+                                              "135M model there takes only 10 to 80 ms.")
     for text in ("not json", '{"rows": [{"rank": 8}]}', '{"rows": []}'):
         (tmp_path / "lora_merge_cuda.json").write_text(text)
         assert load_bench("cuda", tmp_path) is None, text

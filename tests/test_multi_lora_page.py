@@ -94,6 +94,11 @@ def test_mixed_batches_and_merged_deployments_write_the_same_tokens(tiny_weights
     assert b.weights_bytes > a.weights_bytes  # three checkpoints vs one plus two adapters
     fig = comparison_figure([a, b])
     assert len(fig.data) == 6 and sum(bool(t.showlegend) for t in fig.data) == 2  # 3 panels x 2 set-ups
+    # Whole passes; times to three figures, trailing zeros kept ("7" beside "4.58" read as a count).
+    from app.analysis.multi_lora import ComparisonSummary
+    fig = comparison_figure([ComparisonSummary("x", 135, 7.0, 10, 1.0, 10.3, 1),
+                             ComparisonSummary("y", 55, 17.04, 10, 1.0, 4.58, 1)])
+    assert [t.text[0] for t in fig.data] == ["135", "55", "7.00", "17.0", "10.3", "4.58"]
 
 
 def test_scenarios_with_adapters_round_trip_and_refuse_bad_ones() -> None:

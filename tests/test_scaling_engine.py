@@ -199,7 +199,12 @@ def test_engines_that_cannot_force_are_refused(tiny_weights) -> None:  # noqa: A
 
 @pytest.mark.parametrize("text, answer", [("The answer is 12.", "12"), ("2 + 6 = 8", "8"), ("A dog has four legs", "4"),
                                           ("3 or 8? Final answer: 8, not 3", "8"), ("no idea", None),
-                                          ("1,000 apples", "1000"), ("The answer is: Seven", "7")])
+                                          ("1,000 apples", "1000"), ("The answer is: Seven", "7"),
+                                          # An expression is worth its result, and nothing when cut off before
+                                          # one (a sample stopped at "Final answer: 3 + 4 =" had answered 3).
+                                          ("Final answer: 3 + 4 = 7", "7"), ("Final answer: 3 + 4 =", None),
+                                          ("I'm still 3 +", None), ("3 + 4 equals", None),
+                                          ("It is 12 - 5 = 7", "7"), ("The answer is 7 - because", "7")])
 def test_extract_answer(text: str, answer: str | None) -> None:
     assert extract_answer(text) == answer
 

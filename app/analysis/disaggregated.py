@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -204,15 +205,20 @@ def median(values: list[float]) -> float:
     return s[len(s) // 2] if s else 0.0
 
 
-def coinciding_requests(runs: dict[str, ServingRun], exclude: str | None = None) -> list[list[str]]:
-    """Groups of requests (two or more, `exclude` left out) whose time-between-tokens series are the same in
-    every run: they decode in the same iterations, so their lines in the comparison chart lie on one another."""
-    series: dict[str, list[tuple[str, float, float]]] = {}
+def coinciding_requests(runs: dict[str, ServingRun], exclude: str | None = None) -> dict[str, list[list[str]]]:
+    """Per run, groups of requests (two or more, `exclude` left out) whose time-between-tokens series are the
+    same: they decode in the same iterations, so their lines in that run's panel lie on one another. Per run,
+    not across all: chat1 coincided with chat2 and chat3 in two panels of three and went unnamed."""
+    out: dict[str, list[list[str]]] = {}
     for key, run in runs.items():
+        series: dict[str, list[tuple[float, float]]] = {}
         for g in run.gaps:
             if g.request_id != exclude:
-                series.setdefault(g.request_id, []).append((key, round(g.time_s, 9), round(g.gap_s, 9)))
-    groups: dict[tuple[tuple[str, float, float], ...], list[str]] = {}
-    for rid, points in series.items():
-        groups.setdefault(tuple(points), []).append(rid)
-    return [ids for ids in groups.values() if len(ids) > 1]
+                series.setdefault(g.request_id, []).append((round(g.time_s, 9), round(g.gap_s, 9)))
+        groups: dict[tuple[tuple[float, float], ...], list[str]] = {}
+        for rid, points in series.items():
+            groups.setdefault(tuple(points), []).append(rid)
+        # In name order, numbers as numbers: "chat2, chat3" (the gaps' order wrote "chat3, chat2"), r2 before r10.
+        out[key] = [sorted(ids, key=lambda r: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", r)])
+                    for ids in groups.values() if len(ids) > 1]
+    return out

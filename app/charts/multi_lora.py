@@ -28,7 +28,7 @@ def batch_rows_figure(segments: list[RowSegment], adapters: list[str]) -> go.Fig
         lora = s.adapter != BASE
         label = f"{s.label}" + (f" ({s.rows})" if s.rows > 1 else "")
         fig.add_bar(
-            y=["+ B A x per adapter" if lora else "+ B A x per adapter"], x=[s.rows], base=[s.start],
+            y=["+ B A x per adapter"], x=[s.rows], base=[s.start],
             orientation="h", name=s.adapter, legendgroup=s.adapter, showlegend=s.adapter not in seen,
             marker=dict(color=color if lora else "rgba(0,0,0,0)", line=dict(color=color, width=2)),
             text=[label], textposition="inside", insidetextanchor="middle",
@@ -118,11 +118,17 @@ def comparison_figure(summaries: list[ComparisonSummary]) -> go.Figure:
     # onto the top y tick label when that tick happened to sit under it.
     fig = make_subplots(rows=1, cols=3, subplot_titles=("forward passes", "engine time (s)",
                                                         "mean finish time (s)"))
-    for col, value in enumerate((lambda s: s.forward_passes, lambda s: s.seconds, lambda s: s.mean_finish_s), 1):
+    # Three figures with their trailing zeros: "7" beside "4.58" read as a count beside a time.
+    def seconds(v: float) -> str:
+        return f"{v:#.3g}".rstrip(".")
+
+    panels = ((lambda s: s.forward_passes, lambda v: f"{v:.0f}"), (lambda s: s.seconds, seconds),
+              (lambda s: s.mean_finish_s, seconds))
+    for col, (value, fmt) in enumerate(panels, 1):
         for s, color in zip(summaries, colors):
             # One trace per set-up, named in the legend: the set-ups' long names would collide as tick labels.
             fig.add_bar(x=[s.name], y=[value(s)], marker_color=color, name=s.name, legendgroup=s.name,
-                        showlegend=col == 1, text=[f"{value(s):.3g}"], textposition="inside", row=1, col=col)
+                        showlegend=col == 1, text=[fmt(value(s))], textposition="inside", row=1, col=col)
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(showticklabels=False)
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.08, x=0), bargap=0.25)

@@ -32,7 +32,7 @@ def aq_explanation() -> None:
          "(the activations) must be on the grid: FP8 E4M3 (largest value 448, 3 mantissa bits), INT8, or FP4 "
          "E2M1 (only ±0, 0.5, 1, 1.5, 2, 3, 4, 6), which needs a scale per small block.",
          "Weights are easy: fixed, smooth, per output channel. Activations are not: **a few input channels are "
-         "tens to hundreds of times larger than the rest**, on every token. One scale per tensor must cover "
+         "tens to thousands of times larger than the rest**, on every token. One scale per tensor must cover "
          "them, and every other channel is left a handful of levels (or rounds to zero).",
          "**Per-token** scales help a little (each row its own max); **block scales** (FP4) isolate an outlier "
          "to its block of 16 or 32; **SmoothQuant** divides each channel by s_j and multiplies the weights' "

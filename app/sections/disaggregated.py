@@ -63,8 +63,9 @@ def _worker_line(record: ClusterStepRecord) -> str:
                      f"{fmt_block_ids(h.dst_blocks)}")
     d = record.decode_step
     if d is not None:
-        ids = ", ".join(b.request_id for b in d.record.batch)
-        parts.append(f":material/arrow_forward: decode worker: step {d.record.step}, one token each for {ids} "
+        ids = [b.request_id for b in d.record.batch]
+        what = f"one token each for {', '.join(ids)}" if len(ids) > 1 else f"one token for {''.join(ids)}"
+        parts.append(f":material/arrow_forward: decode worker: step {d.record.step}, {what} "
                      f"({fmt_duration(d.end - d.start)})")
     return " · ".join(parts)
 
@@ -110,7 +111,7 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
                 outline = {b for h in sent for b in h.src_blocks if h.sent_at > _previous_clock(history)}
                 note = "outlined: freed this tick, once their KV was sent"
             fig = block_pool_grid(view, session.request_order, outline)
-            fig.update_layout(title=dict(text=f"Prefill worker's pool, step {step.record.step}",
+            fig.update_layout(title=dict(text=f"Prefill worker's pool, its step {step.record.step}",
                                          subtitle=dict(text=note)))
             show_figure(fig, key="disagg-prefill-pool", height=360, export_width=700)
         else:
@@ -118,7 +119,7 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     with right:
         if decode_rec is not None:
             fig = block_pool_grid(decode_rec, session.request_order, taken_blocks)
-            fig.update_layout(title=dict(text=f"Decode worker's pool, step {decode_rec.step}",
+            fig.update_layout(title=dict(text=f"Decode worker's pool, its step {decode_rec.step}",
                                          subtitle=dict(text="outlined: KV taken in this tick")))
             show_figure(fig, key="disagg-decode-pool", height=360, export_width=700)
         else:
@@ -221,7 +222,10 @@ def _stacked_lines(runs: dict[str, ServingRun], exclude: str | None) -> str:
     """A sentence naming requests whose lines coincide in every panel: the legend lists them all and the chart
     seemed to show one."""
     stacked = coinciding_requests(runs, exclude)
-    if not stacked:
+    named = {key: "; ".join(", ".join(ids) for ids in groups) for key, groups in stacked.items() if groups}
+    if not named:
         return ""
-    names = "; ".join(", ".join(ids) for ids in stacked)
-    return f" {names}: decoded in the same iterations, so their lines lie on top of each other."
+    if len(named) == len(runs) and len(set(named.values())) == 1:
+        return f" {next(iter(named.values()))}: decoded in the same iterations, so their lines lie on top of each other."
+    where = "; ".join(f"{key}: {names}" for key, names in named.items())
+    return f" Decoded in the same iterations, so their lines lie on top of each other: {where}."

@@ -269,12 +269,16 @@ def eviction_section(result: LabResult, page: str) -> None:
         pick = c[0].selectbox("Variant", names, index=len(names) - 1, key=f"{page}-evict-variant")
         i, r = evicting[names.index(pick)]
         steps = r.kept.shape[0]
-        step = (c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step")
+        step = (c[1].slider("After generated token", 0, steps - 1, steps - 1, key=f"{page}-evict-step",
+                            help="0: the prompt alone; N: once the Nth generated token (counted from 1, as the "
+                                 "table and the KL chart count) is in the cache. The last token is never cached: "
+                                 "nothing is generated after it")
                 if steps > 1 else 0)  # a one-token run has nothing to scrub (and a slider needs min < max)
         length = result.prompt_len + step
         counts = kept_counts(r.kept, step, length)
         show_figure(kept_map_figure(counts, labels[:length], result.prompt_len, cfg.num_kv_heads,
-                                    f"{r.variant.label}: the cache after generated token {step}"),
+                                    f"{r.variant.label}: the cache after generated token {step}" if step else
+                                    f"{r.variant.label}: the cache of the prompt alone"),
                     key=f"{page}-kept", height=460)
     else:
         st.info("No variant in this run evicts tokens. Pick “Eviction at a 64-token budget” above (or set a "

@@ -216,11 +216,13 @@ def processes_section() -> None:
     ar = ", ".join(f"{us / 1e3:.1f} ms over {n} processes" for n, us in run.all_reduce_us.items())
     cores = f"{run.cores} cores" if run.cores else "this machine's cores"
     st.markdown(
-        f"**A real wire, on this machine.** The bench ran the model at TP = {run.tp} as {run.tp} separate processes, "
+        f"**A real wire, on this machine.** The bench (a separate, earlier run: its times are not the chart's "
+        f"above, as CPU timings move with whatever else the host is doing) ran the model at TP = {run.tp} as "
+        f"{run.tp} separate processes, "
         f"one rank each, with torch.distributed's CPU backend (gloo) carrying the collectives. "
         f"{'**The same tokens**' if run.same_tokens else '**Different tokens**'} as the ranks taking turns in one "
-        f"process. A decode step took rank 0 **{run.decode_compute_ms:.1f} ms of compute** (in one process the "
-        f"slowest rank per segment summed to {run.one_process_critical_ms:.1f} ms) and "
+        f"process. A decode step took rank 0 **{run.decode_compute_ms:.1f} ms of compute** (in the bench's "
+        f"one-process run the slowest rank per segment summed to {run.one_process_critical_ms:.1f} ms) and "
         f"**{run.decode_wire_ms:.1f} ms in its {run.collectives} collectives**. One all-reduce of one token's hidden "
         f"state took {ar}.")
     st.caption(f"Processes on a shared CPU ({cores}; {run.tp} processes on fewer cores wait for one another) and "

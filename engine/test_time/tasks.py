@@ -4,9 +4,9 @@ Chosen on the real SmolLM2-135M-Instruct so that a single sample (temperature 0.
 but not always (a probe of 8 samples each put them between 1/8 and 6/8): questions it always or never
 gets right would not move with N. The questions and answers are data (tasks.json); the bench and the
 page's "Measure accuracy vs N" re-measure them live. Chosen on one set of samples, they were measured
-again on samples the choice never saw (`python3 bench/test_time_compute.py --seed 1000`,
-bench/results/test_time_compute_cpu_seed1000.json): one sample right 38.5 % of the time, majority vote
-of 8 75 %, an oracle over 8 100 %, so the curve is not an artefact of the choice.
+again on samples the choice never saw (`OMP_NUM_THREADS=1 python3 bench/test_time_compute.py --seed 1000
+--budgets 0:16 --out bench/results/test_time_compute_cpu_seed1000.json`): one sample right 37.5 % of the time,
+majority vote of 8 75 %, an oracle over 8 100 %, so the curve is not an artefact of the choice.
 """
 from __future__ import annotations
 

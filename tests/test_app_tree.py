@@ -168,7 +168,7 @@ def test_drafting_time_before_any_round_is_a_dash() -> None:
     col = Column()
     drafting_time_metric(col, 0.0, 0.0, "help")  # type: ignore[arg-type]
     drafting_time_metric(col, 0.002, 0.010, "help")  # type: ignore[arg-type]
-    assert col.shown == [("Time drafting", NO_VALUE, "no round yet"), ("Time drafting", "2 ms", "verifying 10 ms")]
+    assert col.shown == [("Time drafting", NO_VALUE, "no rounds"), ("Time drafting", "2 ms", "verifying 10 ms")]
 
 
 def test_a_kept_node_never_reads_zero_probability() -> None:

@@ -219,8 +219,8 @@ def _longest_prompt(session: EngineSession) -> str | None:
 
 
 def _stacked_lines(runs: dict[str, ServingRun], exclude: str | None) -> str:
-    """A sentence naming requests whose lines coincide in every panel: the legend lists them all and the chart
-    seemed to show one."""
+    """A sentence naming the requests whose lines coincide, panel by panel (once when every panel has the same):
+    the legend lists them all and the chart seemed to show one."""
     stacked = coinciding_requests(runs, exclude)
     named = {key: "; ".join(", ".join(ids) for ids in groups) for key, groups in stacked.items() if groups}
     if not named:

@@ -15,7 +15,7 @@ def drafting_time_metric(col: DeltaGenerator, draft_seconds: float, verify_secon
     Before the first round (the prefill, or plain decoding) there is nothing to time: a dash, as the α and τ
     beside it show, not "0 µs" that reads as a measurement."""
     if draft_seconds == 0 and verify_seconds == 0:
-        col.metric("Time drafting", NO_VALUE, delta="no round yet", delta_color="off", delta_arrow="off",
+        col.metric("Time drafting", NO_VALUE, delta="no rounds", delta_color="off", delta_arrow="off",
                    help=help_text)
         return
     col.metric("Time drafting", fmt_duration(draft_seconds), delta=f"verifying {fmt_duration(verify_seconds)}",

@@ -232,12 +232,16 @@ def cost_text(c: float) -> str:
     return f"{c:.1e}" if 0 < c < 1e-3 else f"{c:.2g}"
 
 
+def chain_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """The benchmark's rows of chain drafters: not plain decoding, and not the trees, which have no alpha or
+    closed form (see page 08)."""
+    return [r for r in bench.get("rows", []) if r["drafter"] not in ("plain", "medusa", "eagle")]
+
+
 def bench_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Table rows of the benchmark, speculative configurations only, with friendly names."""
     rows = []
-    for r in bench.get("rows", []):
-        if r["drafter"] in ("plain", "medusa", "eagle"):  # trees have no alpha / closed form (see page 08)
-            continue
+    for r in chain_rows(bench):
         rows.append({"workload": r["workload"], "drafter": DRAFTER_LABELS.get(r["drafter"], r["drafter"]),
                      "γ": r["gamma"], "α": r["alpha"], "tokens/pass measured": r["tokens_per_pass"],
                      "tokens/pass predicted": r["predicted_tokens_per_pass"], "c": cost_text(r["c"]),

@@ -50,6 +50,11 @@ def disaggregated_explanation() -> None:
     )
 
 
+def _mb(nbytes: float) -> str:
+    """KV moved between the workers, in decimal MB: traffic, read beside GB/s and link speeds (app/formatting.py)."""
+    return f"{nbytes / 1e6:.1f} MB"
+
+
 def _worker_line(record: ClusterStepRecord) -> str:
     parts = []
     for s in record.prefill_steps:
@@ -59,7 +64,7 @@ def _worker_line(record: ClusterStepRecord) -> str:
                      f"({plural(s.record.num_prefill_tokens, 'prompt token')}, {fmt_duration(s.end - s.start)}{running})")
     for h in record.taken:
         parts.append(f":material/download: **{h.request_id}**'s KV taken: {plural(h.prompt_len, 'token')}, "
-                     f"{h.nbytes / 1e6:.1f} MB, prefill blocks {fmt_block_ids(h.src_blocks)} → decode blocks "
+                     f"{_mb(h.nbytes)}, prefill blocks {fmt_block_ids(h.src_blocks)} → decode blocks "
                      f"{fmt_block_ids(h.dst_blocks)}")
     d = record.decode_step
     if d is not None:
@@ -88,7 +93,7 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     m[3].metric("KV in flight", len(in_flight),
                 help="first token out, KV sent, not yet taken by the decode worker: "
                      + (", ".join(in_flight) or "none now"))
-    m[4].metric("KV handed over", f"{sum(h.nbytes for h in handed) / 1e6:.1f} MB",
+    m[4].metric("KV handed over", _mb(sum(h.nbytes for h in handed)),
                 help=f"{plural(len(handed), 'handoff')} taken by the decode worker so far")
     m[5].metric("Prefill on decode", counters.get("prefill_tokens_computed", 0),
                 help="prompt tokens the decode worker computed itself: 0 unless it had to recompute after a "
@@ -155,9 +160,9 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
     blocks = len(big.src_blocks)
     st.caption(f"KV per token: 2 × {cfg.num_layers} layers × {cfg.num_kv_heads} KV heads × {cfg.head_dim} × {b} bytes "
                f"= {per_token:,} bytes. Whole blocks move: {big.request_id}'s {big.prompt_len} tokens fill "
-               f"{plural(blocks, 'block')} of {session.engine.config.block_size}, {big.nbytes / 1e6:.1f} MB. "
+               f"{plural(blocks, 'block')} of {session.engine.config.block_size}, {_mb(big.nbytes)}. "
                f"Copy out and copy in are measured ({handed[0].transport}); “waited” runs from the end of the "
-               f"prefill to the decode iteration that took the KV. The same {big.nbytes / 1e6:.1f} MB at nominal "
+               f"prefill to the decode iteration that took the KV. The same {_mb(big.nbytes)} at nominal "
                f"link speeds: {links}.")
 
 

@@ -234,10 +234,11 @@ def timing_section(result: MergeResult, page: str) -> None:
     })
     last = frame.iloc[-1]
     fp = result.footprint
+    gpu_bench = load_bench("cuda") if result.device == "cpu" else None
     where = ("On this CPU the LoRA kernels take far more of the step than their arithmetic: the torch reference "
              "groups the rows by adapter and runs two small matmuls per fused linear (120 calls a step), each "
              "with a fixed cost that a thin rank-r matmul cannot hide. "
-             + (_gpu_extra_text(load_bench("cuda")) if load_bench("cuda") is not None else
+             + (_gpu_extra_text(gpu_bench) if gpu_bench is not None else
                 f"A GPU kernel fuses that work (`{BENCH_COMMAND} --device cuda --weights random` measures it there).")
              if result.device == "cpu" else
              "Each LoRA kernel is a thin shrink and expand over the rows of each adapter; at large batches the "

@@ -6,10 +6,10 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, compare_drafters, current_gamma,
-                                      expected_tokens_per_pass, load_bench, measured_c, predicted_speedup,
-                                      round_sentence, rule_caption, spec_series, speedup_vs_plain, step_rounds,
-                                      step_skipped)
+from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, chain_rows, compare_drafters,
+                                      current_gamma, expected_tokens_per_pass, load_bench, measured_c,
+                                      predicted_speedup, round_sentence, rule_caption, spec_series, speedup_vs_plain,
+                                      step_rounds, step_skipped)
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
 from app.runtime import server_engine_settings, shared_weights
@@ -230,8 +230,7 @@ def bench_section() -> None:
             "same tokens as plain": st.column_config.CheckboxColumn("same", width=50,
                                                                     help="the same tokens as plain decoding"),
         })
-        below = [r["v"] for r in bench.get("rows", []) if r.get("v") is not None and r["v"] < 1
-                 and r["drafter"] not in ("plain", "medusa", "eagle")]
+        below = [r["v"] for r in chain_rows(bench) if r.get("v") is not None and r["v"] < 1]
         noise = (f" Where the measured v is below 1 ({min(below):.2f} to {max(below):.2f}), \"with v\" reads above "
                  "\"formula\": that is timing noise, since a pass over more tokens costs no less than a plain one."
                  if below else "")

@@ -16,15 +16,16 @@ from __future__ import annotations
 import torch
 
 from kernels.kv_store_ref import store_kv_ref
+from kernels.precision import at_least_fp32
 
 
 def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The one RoPE arithmetic of the project (the model, this reference, the draft heads): rotate-half
-    layout (first half / second half of the last dim), in fp32, cast back to x's dtype. cos/sin
+    layout (first half / second half of the last dim), in fp32 (fp64 for fp64 x), cast back to x's dtype. cos/sin
     [..., D/2] must broadcast against x[..., :D/2]. Lives here, a leaf module, because
     `engine.model` imports the kernel dispatch."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    x1, x2 = at_least_fp32(x[..., :half]), at_least_fp32(x[..., half:])
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 

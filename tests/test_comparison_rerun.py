@@ -9,7 +9,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.apptest_helpers import TIMEOUT, assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
 
 
 def _page_with_a_comparison() -> None:

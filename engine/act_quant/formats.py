@@ -25,6 +25,8 @@ from typing import Literal
 
 import torch
 
+from kernels.precision import at_least_fp32
+
 FormatName = Literal["int8", "fp8", "nvfp4", "mxfp4"]
 Granularity = Literal["tensor", "row"]
 
@@ -144,7 +146,7 @@ def fake_quant(x: torch.Tensor, fmt: FormatName, granularity: Granularity = "ten
     fp64 so that float rounding cannot tip a code). INT8 and FP8: one scale per tensor or per row, from x's own
     largest |x| (dynamic) or from `amax` (static, e.g. calibrated; what lies beyond it clips). FP4 formats: their
     block scales (granularity does not apply; `amax` sets NVFP4's per-tensor scale)."""
-    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    x = at_least_fp32(x)
     if fmt in ("nvfp4", "mxfp4"):
         return fake_fp4(x, fmt, amax)
     if fmt not in ("int8", "fp8"):

@@ -10,7 +10,8 @@ averages the latents themselves and each head applies up_v once to the average (
 rebuild would cost 2 · tokens · r · (KV heads · head_dim) FLOPs a layer and step; the absorbed form, one
 r-wide matrix-vector product per head.
 
-A plain loop over the layers in fp32, not the paged engine: what it shows is the cache's contents and size.
+A plain loop over the layers in fp32 (fp64 with fp64 weights and factors, as a test runs it), not the paged engine:
+what it shows is the cache's contents and size.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from engine.config import ModelConfig
 from engine.kv_latent.factor import LatentLayer
 from engine.model import apply_rope
 from engine.weight_quant.dense import embed, rope_tables, weight_key
+from kernels.precision import at_least_fp32
 from kernels.rmsnorm_ref import rmsnorm_ref
 
 
@@ -30,7 +32,7 @@ from kernels.rmsnorm_ref import rmsnorm_ref
 class LatentRun:
     tokens: tuple[int, ...]  # generated, end-of-turn dropped
     cache_numbers_per_token: int  # summed over layers
-    cache_bytes: int  # the latent tensors' bytes at the end (fp32 here)
+    cache_bytes: int  # the latent tensors' bytes at the end (4 a number in fp32)
     rebuild_flops: int  # multiply-adds x 2 spent rebuilding K (and V unless absorbed) from latents, all steps; 0
     # when up only copies
     v_absorbed: bool
@@ -50,7 +52,7 @@ class LatentCacheModel:
         self.cfg, self.sd, self.layers = cfg, sd, layers
         self.cos, self.sin = rope_tables(cfg, max_len)
         self.max_len = max_len
-        self.cache: list[torch.Tensor] = [torch.empty(0, f.rank) for f in layers]
+        self.cache: list[torch.Tensor] = [f.down.new_empty(0, f.rank) for f in layers]  # the factors' dtype
         self.rebuild_flops = 0
         self.absorb_v = absorb_v
 
@@ -95,7 +97,7 @@ class LatentCacheModel:
         """Run new tokens after what is cached; the last one's next-token logits [vocab]."""
         if self.length + len(token_ids) > self.max_len:
             raise ValueError(f"{self.length + len(token_ids)} tokens exceed this model's {self.max_len}")
-        h = embed(self.sd, torch.tensor(token_ids)).float()
+        h = at_least_fp32(embed(self.sd, torch.tensor(token_ids)))
         past = self.length
         for i in range(self.cfg.num_layers):
             h = self._layer(i, h, past)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.model import apply_rope, rope_cache
+from kernels.precision import at_least_fp32
 from kernels.rmsnorm_ref import rmsnorm_ref
 
 # The four inputs a decoder layer's linears read, and the weights that read each (weights that share an
@@ -106,11 +107,6 @@ def layer_forward(cfg: ModelConfig, sd: dict[str, torch.Tensor], layer: int, h: 
     return h + (y @ W("mlp.down_proj").T).reshape(B, T, -1)
 
 
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 weights computed in fp32; fp64 (a test's state dict, to rule out float rounding) kept."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def embed(sd: dict[str, torch.Tensor], token_ids: torch.Tensor) -> torch.Tensor:
     return sd["model.embed_tokens.weight"][token_ids]
 
@@ -134,7 +130,7 @@ def _last_hidden(cfg: ModelConfig, sd: dict[str, torch.Tensor], token_ids: list[
                  sin: torch.Tensor, act: ActTransform | None, pasts: list[LayerKV] | None = None) -> torch.Tensor:
     """One sequence's tokens through every layer: the last layer's output [T, hidden]. With `pasts` (one cache
     per layer), `token_ids` are the tokens after what the caches hold, and the caches are extended."""
-    h = _at_least_fp32(embed(sd, torch.tensor([token_ids])))
+    h = at_least_fp32(embed(sd, torch.tensor([token_ids])))
     for i in range(cfg.num_layers):
         h = layer_forward(cfg, sd, i, h, cos, sin, act=act, past=None if pasts is None else pasts[i])
     return h[0]
@@ -145,7 +141,7 @@ def final_logits(cfg: ModelConfig, sd: dict[str, torch.Tensor], h: torch.Tensor)
     for fp64 weights)."""
     h = _rmsnorm(h, sd["model.norm.weight"], cfg.rms_norm_eps)
     head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])  # tied embeddings
-    return _at_least_fp32(h @ head.T)
+    return at_least_fp32(h @ head.T)
 
 
 @torch.inference_mode()

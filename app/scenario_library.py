@@ -9,7 +9,7 @@ from app.scenarios import RequestSpec, Scenario
 
 KV_CACHE: list[Scenario] = [
     Scenario(
-        name="One request, 40 tokens",
+        name="One request, 40 new tokens",
         description="A single chat request decoding 40 tokens: watch the cache grow one token per step.",
         engine={"block_size": 16, "num_blocks": 64, "max_model_len": 512},
         requests=(RequestSpec("Explain in two sentences why a KV cache makes decoding faster.",

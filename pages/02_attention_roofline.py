@@ -11,8 +11,9 @@ from app.widgets.scrubber import history_until, timeline_scrubber
 
 PAGE = "roofline"
 session = get_session(PAGE, ROOFLINE_SCENARIOS[0])
-page_header("Attention roofline", "Every kernel either waits for arithmetic or for memory. Prefill does hundreds of "
-            "FLOPs per byte and runs into the compute roof; decode does a few and runs along the bandwidth slope. "
+page_header("Attention roofline", "Every kernel either waits for arithmetic or for memory. Prefill does tens to "
+            "hundreds of FLOPs per byte and runs into the compute roof; decode does a few and runs along the "
+            "bandwidth slope. "
             "Here are the live model's kernels, step by step, against this machine's measured ceilings.", session)
 roofline_explanation(session.engine.model_config, session.kv_bytes_per_element)
 ceilings = ceilings_section(device())

@@ -45,10 +45,16 @@ def test_first_moments_add_up_to_the_second_token(history) -> None:  # noqa: ANN
     moments = {m.request_id: m for m in first_moments(history)}
     states = {q.request_id: q for q in history[-1].requests}
     assert set(moments) == set(ORDER)
+    handed = {h.request_id: h for h in handoffs_until(history)}
     for rid, m in moments.items():
         assert m.arrival <= m.prefill_start <= m.first_token <= m.taken <= m.second_token
         assert m.first_token - m.arrival == pytest.approx(states[rid].ttft_seconds)
         assert m.second_token == states[rid].token_times[1]
+        # The handoff is the copy out (the end of the prefill step), the wait and the copy in, all measured.
+        h = handed[rid]
+        assert 0 < m.copy_out == h.send_seconds <= m.first_token - m.prefill_start
+        assert m.handoff == pytest.approx(h.send_seconds + (h.taken_at - h.sent_at))
+        assert h.taken_at - h.sent_at >= h.receive_seconds > 0
 
 
 def test_the_prefill_pool_as_its_prompts_were_copied_out(history) -> None:  # noqa: ANN001
@@ -95,7 +101,13 @@ def test_ttft_labels_sit_inside_the_chart(history) -> None:  # noqa: ANN001
     assert len(labels) == 3 and all(a.x < hi for a in labels)
     # Each label writes out the handoff, whose bar can be narrower than a pixel.
     for a, m in zip(labels, moments):  # on a second line, aligned: on one the longest ran off the chart
-        assert a.text.endswith(f"<br>handoff {1e3 * (m.taken - m.first_token):.1f} ms") and a.align == "left"
+        assert a.text.endswith(f"<br>handoff {1e3 * m.handoff:.1f} ms") and a.align == "left"
+    # The stack runs from arrival to the second token; the first token is marked inside it, after the copy out.
+    bars = [t for t in fig.data if t.type == "bar"]
+    for i, m in enumerate(moments):
+        assert sum(b.x[i] for b in bars) == pytest.approx(1e3 * (m.second_token - m.arrival))
+    [ttft] = [t for t in fig.data if t.type == "scatter" and t.hovertemplate and "first token" in t.hovertemplate]
+    assert list(ttft.x) == pytest.approx([1e3 * (m.first_token - m.arrival) for m in moments])
 
 
 def test_three_ways_of_serving_give_one_set_of_tokens(tiny_weights) -> None:  # noqa: ANN001

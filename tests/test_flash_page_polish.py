@@ -150,7 +150,7 @@ def test_online_softmax_chart_readable_with_one_tile() -> None:
 
 def test_rescale_factors_keep_a_readable_size() -> None:
     """Plotly shrinks "outside" bar text to the bar's width (6-pixel factors over thin bars), and the running
-    sum's line ran through it: the factors are annotations on a backdrop at 12 px up to
+    sum's line ran through it: the factors are annotations with a white halo at 12 px up to
     RESCALE_LABELS_MAX_TILES K tiles, one line up beside a rescaled neighbour, and are left to the hover
     beyond; the bars stay clear of the whole-row labels, which sit on a backdrop."""
     qkv = _qkv(157)
@@ -163,7 +163,9 @@ def test_rescale_factors_keep_a_readable_size() -> None:
         assert bool(factors) == labelled == (len(trace.row_steps) <= RESCALE_LABELS_MAX_TILES)
         if labelled:
             assert [a.x for a in factors] == list(bars.x)
-            assert all(a.bgcolor and a.font.size >= 12 and a.yanchor == "bottom" for a in factors)
+            # A halo round the letters, not a box: a box cut gaps into the running sum's line.
+            assert all(a.font.shadow and not a.bgcolor and a.font.size >= 12 and a.yanchor == "bottom"
+                       for a in factors)
             # Tiles 6 and 7 both rescale (see the page's screenshot): the second label sits a line higher.
             for a, b in zip(factors, factors[1:]):
                 if b.x == a.x + 1:

@@ -78,7 +78,12 @@ def test_timings_split_the_lora_kernels_out(tiny_result) -> None:  # noqa: ANN00
         assert len(t.profiled_seconds) == len(t.step_kernels) == TINY.timed_steps  # profiled after the timed ones
         parts = breakdown(t)
         kernel_seconds = sum(secs for secs, _, _ in t.kernels.values())
-        assert list(parts) == list(PARTS) and sum(parts.values()) == pytest.approx(max(t.median, kernel_seconds))
+        assert t.profiled_median in t.profiled_seconds
+        # The stack is the step it explains (its label), split in the profiled step's proportions.
+        assert list(parts) == list(PARTS) and sum(parts.values()) == pytest.approx(t.median)
+        profiled = max(t.profiled_median, kernel_seconds)
+        assert parts["LoRA kernels"] == pytest.approx(t.seconds_of("lora.") / profiled * t.median)
+        assert parts["Outside the kernels"] == pytest.approx((profiled - kernel_seconds) / profiled * t.median)
         assert (parts["LoRA kernels"] > 0) == (t.deployment == "unmerged")
     frame = timing_frame(r)
     assert list(frame["Batch"]) == [1, 3] and (frame["LoRA share of step"] > 0).all()

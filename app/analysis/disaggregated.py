@@ -94,8 +94,14 @@ class FirstMoments:
     arrival: float
     prefill_start: float  # the prefill step that computed the last of its prompt
     first_token: float  # end of that step: the first token is out
-    taken: float  # the decode worker has its KV
+    taken: float  # the decode worker has its KV (copied in)
     second_token: float  # -1 until then
+    copy_out: float = 0.0  # seconds of that prefill step spent copying this request's KV out (at its end)
+
+    @property
+    def handoff(self) -> float:
+        """The whole handoff: the copy out (inside the prefill step), the wait for the decode worker, the copy in."""
+        return self.copy_out + max(self.taken - self.first_token, 0.0)
 
 
 def first_moments(history: list[ClusterStepRecord]) -> list[FirstMoments]:
@@ -114,7 +120,7 @@ def first_moments(history: list[ClusterStepRecord]) -> list[FirstMoments]:
         if s is None:
             continue
         second = q.token_times[1] if len(q.token_times) > 1 else -1.0
-        out.append(FirstMoments(rid, q.arrival_time, s.start, s.end, h.taken_at, second))
+        out.append(FirstMoments(rid, q.arrival_time, s.start, s.end, h.taken_at, second, h.send_seconds))
     return out
 
 

@@ -70,16 +70,20 @@ def part_of(kernel: str) -> str:
 
 
 def breakdown(t: StepTiming) -> dict[str, float]:
-    """The median step's seconds by part; what its kernels do not cover (scheduling, sampling, Python) is
-    'Outside the kernels'. Without per-kernel timing (CUDA graphs) the whole step is one part."""
+    """The median step's seconds by part, adding up to it: each part's share of the median profiled step (what
+    its kernels do not cover, scheduling, sampling, Python, is 'Outside the kernels') times the median timed
+    step. Shares, not seconds: the profiled step is longer by the timer's own bookkeeping, so its seconds
+    stacked would stand above the step they explain. Without per-kernel timing (CUDA graphs) the whole step is
+    one part."""
     out = dict.fromkeys(PARTS, 0.0)
     if not t.kernels:
         out[PARTS[4]] = t.median
         return out
     for name, (secs, _, _) in t.kernels.items():
         out[part_of(name)] += secs
-    out[PARTS[4]] = max(0.0, t.median - sum(out.values()))
-    return out
+    profiled = max(t.profiled_median, sum(out.values()))
+    out[PARTS[4]] = profiled - sum(out.values())
+    return {p: secs / profiled * t.median for p, secs in out.items()}
 
 
 def base_flops(t: StepTiming) -> float:
@@ -98,7 +102,7 @@ def timing_frame(result: MergeResult) -> pd.DataFrame:
             "Unmerged ms": u.median * 1e3,
             "Extra": u.median / m.median - 1,
             "LoRA kernels ms": lora * 1e3 if u.kernels else None,
-            "LoRA share of step": lora / u.median if u.kernels else None,
+            "LoRA share of step": lora / max(u.profiled_median, lora) if u.kernels else None,  # of its own step
             "LoRA FLOPs vs linears": (u.flops_of("lora.") / base_flops(u)) if u.kernels and base_flops(u) else None,
             "Merged tok/s": b / m.median,
             "Unmerged tok/s": b / u.median,

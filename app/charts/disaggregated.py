@@ -108,12 +108,15 @@ def worker_timeline(history: list[ClusterStepRecord], order: list[str]) -> go.Fi
 
 def first_moments_figure(moments: list[FirstMoments], order: list[str]) -> go.Figure:
     """Per handed-off request: queued at the prefill worker, its prefill step, the handoff, and the first
-    decode iteration (arrival to the second token); TTFT is the first two."""
+    decode iteration (arrival to the second token). The prefill step copies the request's KV out before it
+    ends, so that copy is drawn as the handoff's first part, and the first token (TTFT) falls inside the
+    handoff bar, after the copy out: a marker shows where."""
     fig = go.Figure()
     rows = [m.request_id for m in moments]
     parts = [("queued for the prefill worker", WAITING, lambda m: m.prefill_start - m.arrival),
-             ("prefill step (ends with the first token)", PREFILL, lambda m: m.first_token - m.prefill_start),
-             ("KV handoff, incl. waiting for the decode worker", HANDOFF, lambda m: m.taken - m.first_token),
+             ("prefill step", PREFILL,
+              lambda m: m.first_token - m.prefill_start - m.copy_out),
+             ("KV handoff (copy out, wait, copy in)", HANDOFF, lambda m: m.handoff),
              ("first decode iteration (second token)", DECODE,
               lambda m: (m.second_token - m.taken) if m.second_token >= 0 else 0.0)]
     for name, color, length in parts:
@@ -125,9 +128,16 @@ def first_moments_figure(moments: list[FirstMoments], order: list[str]) -> go.Fi
         ends.append(_ms(end))
         # The handoff is written out: beside a prefill of hundreds of ms its bar is often under a pixel wide.
         fig.add_annotation(x=_ms(end), y=m.request_id,
-                           text=f"TTFT {_ms(m.first_token - m.arrival):.0f} ms<br>handoff "
-                                f"{_ms(max(m.taken - m.first_token, 0.0)):.1f} ms",
+                           text=f"TTFT {_ms(m.first_token - m.arrival):.0f} ms<br>handoff {_ms(m.handoff):.1f} ms",
                            showarrow=False, xanchor="left", align="left", xshift=6, font=dict(size=13, color=MUTED))
+    # White on the bars (the mark sits in the dark handoff bar or at its edge); its legend entry grey on the
+    # white page.
+    tick = dict(symbol="line-ns-open", size=26)
+    fig.add_scatter(x=[_ms(m.first_token - m.arrival) for m in moments], y=rows, mode="markers", showlegend=False,
+                    marker=dict(**tick, color="white", line=dict(width=3, color="white")),
+                    hovertemplate="%{y}: first token at %{x:.1f} ms<extra></extra>")
+    fig.add_scatter(x=[None], y=[None], mode="markers", name="first token (TTFT)",
+                    marker=dict(**tick, color=MUTED, line=dict(width=3, color=MUTED)))
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=rows)
     # Room right of the longest bar for its two-line label (about 120 px of a plot 800 px wide at 1280 pixels;
     # on one line, "TTFT 1062 ms · handoff 31.3 ms" ran off the chart's edge).

@@ -71,6 +71,8 @@ MIN_SCORE_SPAN = 1.0
 # Rescale factors are written over their bars up to this many K tiles: "×0.54" at 12 pixels needs about
 # 30 pixels, a tile's width in a half-width chart at 1280 pixels with 10-16 tiles.
 RESCALE_LABELS_MAX_TILES = 16
+# A white outline round each letter: readable over a line without hiding a stretch of it.
+HALO = "1px 1px 1px #fff, -1px -1px 1px #fff, 1px -1px 1px #fff, -1px 1px 1px #fff"
 
 
 def future_tiles(trace: FlashTrace) -> list[int]:
@@ -105,10 +107,11 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
                 marker_color="rgba(213,94,0,0.35)", marker_line=dict(color="#D55E00", width=1.5),
                 hovertemplate="K tile %{x}: the max grew, so l and O were multiplied by %{y:.3f}<extra></extra>",
                 row=2, col=1, secondary_y=True)
-    # The factors are written over their bars on a backdrop (as bar text the running-sum line ran through
-    # them) at a fixed readable size (Plotly shrank bar text to a thin bar's width), one line up where the
-    # tile before also rescaled so neighbours do not cover each other, and left to the hover and the right
-    # axis once the tiles are too close for that.
+    # The factors are written over their bars with a white halo round each letter (as bar text the
+    # running-sum line ran through them unreadably; on a white box they cut gaps into the line) at a fixed
+    # readable size (Plotly shrank bar text to a thin bar's width), one line up where the tile before also
+    # rescaled so neighbours do not cover each other, and left to the hover and the right axis once the
+    # tiles are too close for that.
     if len(xs) <= RESCALE_LABELS_MAX_TILES:
         before, raised = None, False
         for s in grew:
@@ -116,8 +119,7 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
             raised = before is not None and before.k_tile == s.k_tile - 1 and not raised
             fig.add_annotation(x=s.k_tile, y=max(s.rescale, before.rescale) if raised else s.rescale,
                                text=f"×{s.rescale:.2g}", showarrow=False, yanchor="bottom", yshift=20 if raised else 2,
-                               font=dict(color="#D55E00", size=12), bgcolor="rgba(255,255,255,0.85)",
-                               row=2, col=1, secondary_y=True)
+                               font=dict(color="#D55E00", size=12, shadow=HALO), row=2, col=1, secondary_y=True)
             before = s
     fig.add_scatter(x=xs, y=[s.l for s in steps], mode="lines+markers", name="running sum l",
                     line=dict(color="#009E73", width=3), marker=dict(size=dot),
@@ -134,9 +136,11 @@ def online_softmax_chart(trace: FlashTrace, exact_m: float, exact_l: float) -> g
         fig.add_vline(x=s.k_tile, line=dict(color="rgba(213,94,0,0.45)", width=1, dash="dot"))
     lo = min([s.tile_max for s in steps if s.visible_keys] + [exact_m])
     span = max(exact_m - lo, MIN_SCORE_SPAN)
-    fig.update_yaxes(range=[exact_m - 1.1 * span, exact_m + 0.35 * span], row=1, col=1)
+    # Room over the whole-row line for its label, lifted off the line (below), under the panel's title.
+    fig.update_yaxes(range=[exact_m - 1.1 * span, exact_m + 0.6 * span], row=1, col=1)
     # Annotations without a font size follow the theme (larger in presentation mode), like every other label.
-    fig.add_annotation(x=xs[0], y=exact_m, xanchor="left", yanchor="bottom", showarrow=False, row=1, col=1,
+    # Lifted off the line like l's label below: on it, the box covered the running max's dot where m reaches it.
+    fig.add_annotation(x=xs[0], y=exact_m, xanchor="left", yanchor="bottom", yshift=7, showarrow=False, row=1, col=1,
                        text=f"max of the whole row = {exact_m:.3f}", font=dict(color=MUTED),
                        bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=exact_m, line=dict(color=MUTED, dash="dot"), row=1, col=1)

@@ -114,11 +114,10 @@ def long_context(cfg: ModelConfig, contexts: list[int], batch: int, dtype: str) 
                     hovertemplate="%{x}, batch " + str(batch) + ": %{y:.2f} GiB<extra>%{fullData.name} "
                                   "(%{customdata})</extra>")
     w = weights_bytes(cfg, nbytes) / GIB
-    # A line across the categories, named in the subtitle: an annotation would sit on the bars, and as a fifth
-    # legend entry (a line among bars) it made Plotly stack the legend one entry per row in a half-width column.
-    fig.add_scatter(x=[labels[0], labels[-1]], y=[w, w], mode="lines", name="all weights", showlegend=False,
-                    line=dict(color=MUTED, dash="dot", width=2),
-                    hovertemplate=f"all weights: {w:.2f} GiB<extra></extra>")
+    # A line across the whole plot, over the bars (between the category centres and under them it was mostly
+    # hidden), named in the subtitle: an annotation would sit on the bars, and as a fifth legend entry (a line
+    # among bars) it made Plotly stack the legend one entry per row in a half-width column.
+    fig.add_hline(y=w, line=dict(color="#111827", dash="dot", width=2), layer="above")
     fig.update_xaxes(range=[-0.5, len(labels) - 0.5])
     fig.update_layout(title=dict(text=f"KV cache for a batch of {batch} at {dtype}",
                                  subtitle_text=f"dotted: all the model's weights, {w:.2f} GiB"),

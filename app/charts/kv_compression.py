@@ -43,7 +43,12 @@ def tradeoff_figure(result: LabResult) -> go.Figure:
     Size, not bytes per token, so quantization and eviction land on one axis."""
     fig = go.Figure()
     kib = [float(r.cache_bytes[-1]) / 1024 for r in result.variants]
-    kls = [max(r.mean_kl, KL_FLOOR) for r in result.variants]
+    # An exact zero (the reference) one decade under the smallest KL's decade, on a tick reading "0": at a
+    # fixed 1e-6 it stretched the axis over seven decades and squeezed the evicting variants (KL 0.6 to 3, one
+    # size) into one spot.
+    nonzero = [r.mean_kl for r in result.variants if r.mean_kl > 0]
+    zero = 10.0 ** (math.floor(math.log10(min(nonzero))) - 1) if nonzero else KL_FLOOR
+    kls = [r.mean_kl if r.mean_kl > 0 else zero for r in result.variants]
     for i, r in enumerate(result.variants):
         # Labels alternate right and left: variants of equal size (FP8 and INT8) sit on one vertical line.
         fig.add_trace(go.Scatter(
@@ -64,8 +69,7 @@ def tradeoff_figure(result: LabResult) -> go.Figure:
                    range=[math.log10(min(kib)) - 0.15, math.log10(max(kib)) + 0.15]),
         yaxis=dict(title="mean KL from the reference (nats)",
                    **{**log_axis(), **decade_ticks(min(kls) / 10 ** 0.5, max(kls) * 10 ** 0.5,
-                                                   zero_at=KL_FLOOR if min(r.mean_kl for r in result.variants) <= 0
-                                                   else None)},
+                                                   zero_at=zero if len(nonzero) < len(kls) else None)},
                    range=[math.log10(min(kls)) - 0.5, math.log10(max(kls)) + 0.5]))
     return fig
 
@@ -189,5 +193,6 @@ def sink_figure(result: LabResult, layer: int, labels: Sequence[str]) -> go.Figu
     fig.update_yaxes(title_text=f"last token's attention, layer {layer}", tickformat=".0%", rangemode="tozero",
                      row=1, col=2)
     fig.update_layout(title=dict(text="The attention sink", subtitle=dict(
-        text="Mean over generated tokens and query heads (reference cache); the orange bar is the layer on the right")))
+        text="Left: mean over all generated tokens and query heads (reference cache). "
+             "Right: the orange layer, the last token alone")))
     return fig

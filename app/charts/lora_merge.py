@@ -53,7 +53,7 @@ def step_time_figure(result: MergeResult) -> go.Figure:
     fig.update_layout(
         barmode="stack", bargap=0.25,
         title=dict(text="One decode step, merged and unmerged", subtitle=dict(
-            text="Label: the step's median (parts are medians too, so a stack can differ); "
+            text="Height and label: the median step; its parts are their shares of a profiled step; "
                  "bold: unmerged's extra time")),
         yaxis=dict(title="ms per decode step", range=[0, top * 1.3]),
         xaxis=dict(title=None, tickfont=dict(size=14)),

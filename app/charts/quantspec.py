@@ -53,14 +53,22 @@ def speedup_figure(frame: pd.DataFrame) -> go.Figure:
     """Modeled speed-up over plain decoding against the context, one colour per draft format; solid with 16-bit
     draft weights, dashed with INT4 draft weights (QuantSpec's draft), each at its own measured acceptance."""
     fig = go.Figure()
+    drawn: dict[tuple[int, tuple[float, ...]], str] = {}  # (weights, speed-ups) -> the format drawn with them
     for fmt, part in frame.groupby("format", sort=False):
         for bits, dash in ((16, "solid"), (4, "dash")):
             rows = part[part["weights"] == bits]
             if rows.empty:
                 continue
             name = fmt.upper() + ("" if bits == 16 else ", INT4 weights")
+            # FP8 and INT8 store the same bytes; at the same acceptance their lines coincide exactly. The later
+            # one gets rings around its points, so that both stay visible.
+            key = (bits, tuple(np.round(rows["speedup"], 9)))
+            under = drawn.setdefault(key, fmt)
+            marker = dict(size=6) if under == fmt else dict(size=14, symbol="circle-open", line=dict(width=2))
+            if under != fmt:
+                name += f" (on {under.upper()}'s line)"
             fig.add_scatter(x=rows["context"], y=rows["speedup"], mode="lines+markers", line=dict(
-                color=FORMAT_COLORS[fmt], dash=dash, width=2.5), marker=dict(size=6), name=fmt.upper(),
+                color=FORMAT_COLORS[fmt], dash=dash, width=2.5), marker=marker, name=fmt.upper(),
                 legendgroup=fmt, showlegend=bits == 16, customdata=np.round(rows["cost ratio"], 3),
                 hovertemplate="%{x:,} tokens of context: %{y:.2f}× (a draft step reads %{customdata} of a target "
                               f"step's bytes)<extra>{name}</extra>")

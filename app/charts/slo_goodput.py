@@ -146,20 +146,23 @@ def timeline_figure(run: LoadRun, slo: SLO) -> go.Figure:
                              marker=dict(symbol="triangle-right", size=9, color=MUTED),
                              hovertemplate="<b>%{y}</b> arrives at %{x:.2f} s<extra></extra>"), row=1, col=1)
     xs = [s.start_s for s in run.steps]
+    # The line on the overlaying (secondary) axis, which Plotly draws above the primary one's bars: the other
+    # way round the prompt bars covered it (one sequence, then two, read as nothing running). The axes swap
+    # sides so that sequences still read on the left.
     fig.add_trace(go.Scatter(x=xs, y=[s.num_seqs for s in run.steps], mode="lines", line_shape="hv",
                              name="sequences in the step", line=dict(color=DECODE_COLOR, width=2),
-                             hovertemplate="%{x:.2f} s: %{y} sequences<extra></extra>"), row=2, col=1)
+                             hovertemplate="%{x:.2f} s: %{y} sequences<extra></extra>"), row=2, col=1, secondary_y=True)
     fig.add_trace(go.Bar(x=xs, y=[s.prefill_tokens for s in run.steps], width=[s.seconds for s in run.steps],
                          name="prompt tokens in the step", marker=dict(color=tint(PREFILL_COLOR, 0.6), line=dict(width=0)),
-                         offset=0, hovertemplate="%{x:.2f} s: %{y} prompt tokens<extra></extra>"),
-                  row=2, col=1, secondary_y=True)
+                         offset=0, hovertemplate="%{x:.2f} s: %{y} prompt tokens<extra></extra>"), row=2, col=1)
     fig.update_layout(
         barmode="overlay", bargap=0.25,
         title=dict(text="The run on engine time", subtitle=dict(
             text=f"{run.config.label} at {run.rate:g} req/s · batch cap {run.config.max_num_seqs}, "
                  f"token budget {run.config.max_num_batched_tokens}")))
     fig.update_yaxes(autorange="reversed", title="request", row=1, col=1, tickfont=dict(size=11))
-    fig.update_yaxes(title="sequences", rangemode="tozero", nticks=3, row=2, col=1, secondary_y=False)
-    fig.update_yaxes(title="prompt tokens", rangemode="tozero", showgrid=False, nticks=3, row=2, col=1, secondary_y=True)
+    fig.update_yaxes(title="sequences", rangemode="tozero", nticks=3, side="left", row=2, col=1, secondary_y=True)
+    fig.update_yaxes(title="prompt tokens", rangemode="tozero", showgrid=False, nticks=3, side="right", row=2, col=1,
+                     secondary_y=False)
     fig.update_xaxes(title="engine time (s)", row=2, col=1)
     return fig

@@ -211,8 +211,9 @@ def time_split_figure(series: list[SpecPoint], selected: int | None = None) -> g
     # A step with no decode at all (only prompts computed) has no bar: named, or it read as a 0 ms step.
     for p in series:
         if not (p.draft_seconds or p.verify_seconds or p.plain_seconds):
+            # On a white ground: scrubbed to that step, the selected step's dotted line ran through the words.
             fig.add_annotation(x=p.step, y=0, yanchor="bottom", text="prefill only", textangle=-90,
-                               showarrow=False, font=dict(color=MUTED))
+                               showarrow=False, font=dict(color=MUTED), bgcolor="rgba(255,255,255,0.9)")
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     fig.update_layout(title="Draft vs verify time per step", barmode="stack", bargap=0.15, xaxis_title="engine step",

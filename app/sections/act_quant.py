@@ -153,9 +153,13 @@ def sweep_section(result: ActLabResult, page: str) -> None:
     show_figure(alpha_figure(result), key=f"{page}-alpha-chart", height=420)
     best, base = result.best_alpha, result.sweep_baseline
     st.caption(f"Lowest chat KL at α = {best.alpha:g} ({best.chat_kl:.3g} nats"
-               + (f", against {base.chat_kl:.3g} without smoothing" if base else "") + "). Small α leaves the "
-               "outliers in the activations; large α piles them onto the weights' columns, whose per-channel "
-               "grid then suffers instead. SmoothQuant's paper picks 0.5 for most models.")
+               + (f", against {base.chat_kl:.3g} without smoothing" if base else "") + "). "
+               "s_j = max|X_j|^α / max|W_j|^(1−α): "
+               "small α leaves the activations' outliers where they are, and at α = 0 it is not “no smoothing” "
+               "but s_j = 1 / max|W_j|, which multiplies each activation channel by its weights' largest entry, "
+               "so it can do worse than not smoothing at all; large α piles the outliers onto the weights' "
+               "columns, whose per-channel grid then suffers instead. SmoothQuant's paper picks 0.5 for most "
+               "models.")
 
 
 def texts_section(result: ActLabResult) -> None:

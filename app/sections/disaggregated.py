@@ -132,7 +132,7 @@ def step_section(session: EngineSession, record: ClusterStepRecord, history: lis
     moments = first_moments(history)
     if moments:
         show_figure(first_moments_figure(moments, session.request_order), key="disagg-moments",
-                    height=200 + 48 * len(moments))
+                    height=230 + 56 * len(moments))  # two-line labels per row, a five-entry legend
         _handoff_table(handed, session)
     with st.expander("Requests at this tick", expanded=False):
         _request_table(record)
@@ -149,7 +149,8 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
              "decode blocks": fmt_block_ids(h.dst_blocks), "MB": h.nbytes / 1e6,
              "copy out (ms)": h.send_seconds * 1e3, "copy in (ms)": h.receive_seconds * 1e3,
              "GB/s": h.nbytes / max(h.send_seconds + h.receive_seconds, 1e-9) / 1e9,
-             "waited (ms)": (h.taken_at - h.sent_at) * 1e3} for h in handed]
+             # taken_at is after the copy in: the wait alone leaves it out (the three add up to the handoff).
+             "waited (ms)": max(h.taken_at - h.sent_at - h.receive_seconds, 0.0) * 1e3} for h in handed]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.2f")
                                 for c in ("MB", "copy out (ms)", "copy in (ms)", "GB/s", "waited (ms)")})
@@ -162,7 +163,9 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
                f"= {per_token:,} bytes. Whole blocks move: {big.request_id}'s {big.prompt_len} tokens fill "
                f"{plural(blocks, 'block')} of {session.engine.config.block_size}, {_mb(big.nbytes)}. "
                f"Copy out and copy in are measured ({handed[0].transport}); “waited” runs from the end of the "
-               f"prefill to the decode iteration that took the KV. The same {_mb(big.nbytes)} at nominal "
+               f"prefill step to the decode worker starting the copy in. The three add up to the handoff in the "
+               f"chart above; the copy out happens inside the prefill step, before its first token. "
+               f"The same {_mb(big.nbytes)} at nominal "
                f"link speeds: {links}.")
 
 

@@ -73,7 +73,8 @@ def _metrics(trace: SplitKVTrace, hq: int, hkv: int, d: int, sms: int) -> None:
                 delta=f"{hkv} without splits, {sms} SMs", delta_color="off", delta_arrow="off",
                 help=f"{hkv} KV heads × {trace.splits} splits"
                      + ("" if used == trace.splits else f"; {trace.splits - used} of the splits own no tile here "
-                        "(more splits than tiles) and add nothing to the merge"))
+                        "(more splits than tiles): their programs still start and write an empty partial (max −∞), "
+                        "which the merge reads and weighs by 0, as the kernel does"))
     m[2].metric("Merged vs one pass", f"{trace.max_abs_diff:.1e}",
                 help="Largest |difference| over all heads and dimensions between the merged output and softmax(qKᵀ)V "
                      "over all keys at once, both in fp32: float rounding, so the merge is exact")

@@ -253,7 +253,9 @@ def quantization_section(result: LabResult, page: str) -> None:
     kivi, plain = result.roundtrip_error["int2-kivi"][0].mean(), result.roundtrip_error["int2"][0].mean()
     st.caption(f"On this prompt's cache, INT2 keys scaled per token lose {plain:.0%} of their norm and scaled per "
                f"channel (KIVI) {kivi:.0%}; values, scaled per token in both, are the same. The newest keys (fewer "
-               "than 32) wait in FP16 until their group fills, which is what KIVI's bytes per token include.")
+               "than 32) wait in FP16 until their group fills: that is why KIVI's measured bytes per token in the "
+               "results table sit a little above the formula in “What fits”, where INT2 and INT2 KIVI are equal "
+               "(a key scale per channel every 32 tokens costs what one per 32 numbers of a row does).")
 
 
 def eviction_section(result: LabResult, page: str) -> None:
@@ -308,5 +310,7 @@ def memory_section(page: str) -> None:
         "Tokens that fit": st.column_config.NumberColumn(format="%,d"),
         f"Sequences of {int(context):,} tokens": st.column_config.NumberColumn(format="%,d"),
     })
-    st.caption("By the formula, scales and zero points included (FP16 each). Eviction multiplies the same way: a "
+    st.caption("By the formula, scales and zero points included (FP16 each); KIVI's FP16 keys that wait for "
+               "their group (at most 31 a sequence, whatever its length) are left out. "
+               "Eviction multiplies the same way: a "
                "budget of B tokens per sequence holds any context in B tokens' bytes, at the quality measured above.")

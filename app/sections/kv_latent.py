@@ -163,8 +163,9 @@ def _answers(result: LatentLabResult) -> None:
                 delta_color="inverse", help="what the latent decoder's cache tensors hold for each token, per layer")
     c[1].metric("Per token at bf16", fmt_bytes(chosen.run.cache_numbers_per_token * BF16),
                 help=f"GQA as trained: {fmt_bytes(full.run.cache_numbers_per_token * BF16)}")
-    c[2].metric("Cache after the answer", fmt_bytes(chosen.run.cache_bytes),
-                help="measured: the bytes of the latent decoder's cache tensors (fp32 here) once the answer is "
+    c[2].metric("Cache after the answer (fp32)", fmt_bytes(chosen.run.cache_bytes),
+                help="measured: the bytes of the latent decoder's cache tensors (fp32 here: twice the bf16 figure "
+                     "beside it, per token) once the answer is "
                      f"written; the model as trained held {fmt_bytes(full.run.cache_bytes)} for its answer")
     c[3].metric("Rebuilding K from latents", f"{chosen.run.rebuild_flops / 1e9:.2f} GFLOP",
                 help="every step multiplies every cached latent by up_k again (RoPE sits between it and the score, "

@@ -33,7 +33,7 @@ def radix_explanation() -> None:
          "conversation so far comes from the tree (the node grows instead of re-prefilling).",
          "Solid blue boxes are **locked** (on a running request's path: never evicted). Dashed grey boxes are "
          "**evictable**. With a small pool, unlocked leaves are evicted least-recently-used first; red dotted "
-         "boxes are what left in the selected step.",
+         "boxes were evicted in the selected step.",
          "The last token of a prompt is always computed (its logits give the first output token), so at most "
          "⌊(|p|−1)/B⌋ blocks can hit."],
     )

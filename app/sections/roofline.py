@@ -86,7 +86,7 @@ def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
          r"{I^{*} = \frac{\pi}{\beta}}",
          rf"\text{{FLOPs/token}} \approx 2 N_{{\text{{params}}}} \approx {2 * p / 1e6:.0f}\ \text{{MFLOP}}",
          r"\text{bytes/decode step} \approx {e\,N_{\text{params}}} + {B\,\text{ctx}\cdot 2 L H_{kv} d\, e}",
-         r"{I_{\text{decode, linear}} \approx \tfrac{2B}{e}}, \qquad\allowbreak {I_{\text{prefill, linear}} \approx \tfrac{2L}{e}}"],
+         r"{I_{\text{decode, linear}} \approx \tfrac{2B}{e}}, \qquad\allowbreak {I_{\text{prefill, linear}} \approx \tfrac{2T}{e}}"],
         ["Each marker is one kernel family of the selected step (the toggle splits them per kernel), summed over "
          "its 30 layers: x = its FLOPs over its bytes, y = its FLOPs over its measured time. The black line is the most this machine can do at "
          "that intensity.",
@@ -102,8 +102,10 @@ def roofline_explanation(cfg: ModelConfig, elem: int) -> None:
          "TTFT is dominated by the prefill step (compute), TPOT by the decode steps (bandwidth): scrub between "
          "step 0 and a later step to see both."],
         note=f"π = peak FLOP/s, β = bytes/s, N_params = {p / 1e6:.1f}M matmul parameters, e = bytes per number "
-             f"({elem} on this server: so I ≈ B/2 here, ≈ B at bf16), B = batch, L = prompt length, "
-             f"{cfg.num_layers} layers, {cfg.num_kv_heads} KV heads of dimension {cfg.head_dim}.",
+             f"({elem} on this server: so I ≈ B/2 here, ≈ B at bf16), B = batch, T = prompt tokens, "
+             f"L = {cfg.num_layers} layers, {cfg.num_kv_heads} KV heads of dimension {cfg.head_dim}. "
+             f"Both ≈ hold while B or T is small beside the hidden size ({cfg.hidden_size}); past it the "
+             "activations' own bytes pull I below them.",
     )
 
 
@@ -311,8 +313,9 @@ def _prefill_caption(cfg: ModelConfig, elem: int, c: Ceilings, cross: int | None
     """Prefill against decode with the chosen ceilings: the same matmuls, rows from the prompt instead
     of from the batch, so the prompt length where prefill turns compute-bound is the same number."""
     at256, at2048 = linear_intensity(cfg, 256, elem), linear_intensity(cfg, 2048, elem)
-    head = ("A prefill of L prompt tokens is the same matmuls with L rows: its linear-layer intensity is "
-            f"{at256:.0f} FLOP/B at L = 256 and {at2048:.0f} at L = 2048, against a ridge of {c.ridge:.3g}. ")
+    head = ("A prefill of T prompt tokens is the same matmuls with T rows: its linear-layer intensity "
+            f"(activations' bytes included) is {at256:.0f} FLOP/B at T = 256 and {at2048:.0f} at T = 2048, against "
+            f"a ridge of {c.ridge:.3g}. ")
     if cross is None:
         return head + "With these ceilings even long prompts stay memory-bound: the weights are too small to reuse enough."
     return head + (f"So a prompt of {cross:,} tokens or more is compute-bound, while decode needs {cross:,} sequences "

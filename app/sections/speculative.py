@@ -51,7 +51,7 @@ def speculative_explanation() -> None:
          "**Early exit** (the target's first layers) costs c ≈ ½ here and agrees rarely on a 135M model. The "
          "**distilled draft model** (2 layers trained here to imitate the target, sharing its embeddings) is "
          "cheaper (c ≈ 0.1). How often each agrees depends on the text: the benchmark table below measures α over "
-         "several prompts, and one short scenario can show two drafters alike."],
+         "several prompts; one short scenario can make two drafters look alike, or rank them the other way."],
         note="α is measured like the benchmark: accepted / (accepted + rejections), the per-draft acceptance "
              "probability of the i.i.d. model.",
     )

@@ -168,8 +168,15 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     writing = still_writing(view)
     so_far = (f" so far ({writing} of {len(samples)} still writing: each counts the answer in its text so far, "
               "which may change; final once all have ended)") if writing else ""
+    top = max(counts.values(), default=0)
+    tied = sum(c == top for c in counts.values())
+    # A tie is decided by the order the answers first appeared (engine/test_time/answers.py): said, or a 1-1
+    # vote read as a win.
     m[4].metric("Majority vote" + (" so far" if writing else ""), _answer(picks["majority"]),
-                help="the most frequent final answer (self-consistency)" + so_far)
+                delta=f"{tied}-way tie: first answer wins" if tied > 1 else None,
+                delta_color="off", delta_arrow="off",
+                help="the most frequent final answer (self-consistency); on a tie, the one that appeared in the "
+                     "lowest-numbered sample" + so_far)
     m[5].metric("Self-certainty pick" + (" so far" if writing else ""), _answer(picks["self_certainty"]),
                 help="the answer of the sample with the highest mean log-probability among those that have an "
                      "answer (one without a number cannot be picked)" + so_far)

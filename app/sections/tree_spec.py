@@ -186,7 +186,9 @@ def bench_section() -> None:
         per = "-".join(str(n) for n in (sizes[0], sizes[-1])) if len(sizes) > 1 else str(sizes[0])
         st.caption(f"`{bench.get('command')}` · greedy, batch 1, {per} prompts per workload, {bench.get('max_tokens')} "
                    "new tokens per prompt; 'unseen' prompts are on topics and in phrasings the heads were not "
-                   "trained on.")
+                   "trained on. τ is exact (greedy, counted); the speed-up is wall time on a 2-core CPU and moves by "
+                   "tens of percent between runs, so two rows with the same τ can differ in it: read small "
+                   "speed-up differences as noise.")
         # One workload at a time, every row of it in view: all of them at once scrolled inside a fixed height,
         # and the tree drafters (the rows this page is about) sat below the fold.
         workloads = list(dict.fromkeys(r["workload"] for r in rows))

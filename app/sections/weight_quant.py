@@ -226,6 +226,8 @@ def download_section(result: LabResult, page: str) -> None:
     st.download_button("Download this run (JSON)", result_json(result), file_name="weight_quantization.json",
                        mime="application/json", icon=":material/download:", key=f"{page}-download")
     took = sum(v.seconds for v in result.variants)
-    st.caption(f"Quantizing took {fmt_duration(took)} here in all; the run is kept for everyone on this server "
+    st.caption(f"Quantizing alone took {fmt_duration(took)} here (the “Took” column; the run's time at the top "
+               "also covers writing the calibration text, scoring and the greedy answers); "
+               "the run is kept for everyone on this server "
                "and on this machine's disk, so a class opening the page or a restarted server sees it at once.")
 

@@ -53,5 +53,8 @@ def cache_token_strip(session: EngineSession, record: StepRecord, key: str) -> N
         return
     st.markdown(_CSS + f'<div class="kv-strip">{"".join(chips)}</div>', unsafe_allow_html=True)
     generated = max(cached - state.prompt_len, 0)
+    # Orange wins over grey and blue: the count says how many it covers (at step 0 every prompt chip is orange).
+    written = max(cached - before, 0)
     st.caption(f"{cached} tokens cached for {label} ({state.prompt_len} prompt, grey; {generated} generated, blue); "
-               f"orange = written by step {record.step}; dashed = the newest token, which the next step will cache.")
+               f"orange = the {written} written by step {record.step}; dashed = the newest token, which the next "
+               "step will cache.")

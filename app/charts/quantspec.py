@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from engine.kv_compression.formats import FORMATS
 from engine.speculative.quantspec import SelfSpecRun
 
+from app.analysis.quantspec import draft_weights_label
 from app.theme import BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 FORMAT_COLORS = {"fp8": "#0072B2", "int8": TECHNIQUE_COLOR, "int4": "#E69F00", "int2": BASELINE_COLOR}
@@ -38,8 +39,8 @@ def rounds_figure(run: SelfSpecRun, decode) -> go.Figure:  # noqa: ANN001 (token
                     hovertemplate="round %{x}: “%{customdata}”<extra>" + name + "</extra>")
     gamma = run.gamma
     fig.update_layout(
-        title=dict(text=f"Every round: {FORMATS[run.kv_format].label} draft cache, {run.draft_weight_bits}-bit "
-                        f"weights, γ = {gamma}", subtitle=dict(
+        title=dict(text=f"Every round: {FORMATS[run.kv_format].label} draft cache, "
+                        f"{draft_weights_label(run.draft_weight_bits)} weights, γ = {gamma}", subtitle=dict(
             text=f"{run.accepted} of {run.drafted} drafts kept ({run.acceptance:.0%}); {len(run.rounds)} target "
                  f"passes for {sum(len(r.committed) for r in run.rounds)} tokens")),
         barmode="overlay", bargap=0.1,

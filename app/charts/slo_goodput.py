@@ -9,6 +9,7 @@ from plotly.subplots import make_subplots
 from engine.serving_load import SLO, LoadRun, SweepResult
 
 from app.analysis.slo_goodput import latency_texts
+from app.charts.axes import nice_at_least
 from app.charts.colors import tint
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
@@ -161,7 +162,11 @@ def timeline_figure(run: LoadRun, slo: SLO) -> go.Figure:
             text=f"{run.config.label} at {run.rate:g} req/s · batch cap {run.config.max_num_seqs}, "
                  f"token budget {run.config.max_num_batched_tokens}")))
     fig.update_yaxes(autorange="reversed", title="request", row=1, col=1, tickfont=dict(size=11))
-    fig.update_yaxes(title="sequences", rangemode="tozero", nticks=3, side="left", row=2, col=1, secondary_y=True)
+    # Whole numbers at a set step: as the overlaying axis Plotly lined its ticks up with the prompt tokens'
+    # (0, 0.96, 1.92 sequences).
+    most = max((s.num_seqs for s in run.steps), default=1)
+    fig.update_yaxes(title="sequences", rangemode="tozero", tickmode="linear", tick0=0,
+                     dtick=1 if most <= 3 else nice_at_least(most / 3), side="left", row=2, col=1, secondary_y=True)
     fig.update_yaxes(title="prompt tokens", rangemode="tozero", showgrid=False, nticks=3, side="right", row=2, col=1,
                      secondary_y=False)
     fig.update_xaxes(title="engine time (s)", row=2, col=1)

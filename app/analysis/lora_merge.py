@@ -82,6 +82,8 @@ def breakdown(t: StepTiming) -> dict[str, float]:
     for name, (secs, _, _) in t.kernels.items():
         out[part_of(name)] += secs
     profiled = max(t.profiled_median, sum(out.values()))
+    if profiled <= 0.0:  # kernels that took no measurable time: nothing to apportion
+        return {**dict.fromkeys(PARTS, 0.0), PARTS[4]: t.median}
     out[PARTS[4]] = profiled - sum(out.values())
     return {p: secs / profiled * t.median for p, secs in out.items()}
 

@@ -295,8 +295,9 @@ def tp_pays_section(page: str, latency_us: float) -> None:
              if len(best) else "no degree up to 8 fits its weights on H200s")
     st.caption(f"{model.name} ({model.params_b:g} B parameters in bf16, {model.layers} layers, {model.kv_heads} KV "
                f"heads; {model.source}): {where}. Arithmetic, not a run: bytes per GPU over the H200's measured "
-               f"device copy ({ref.ceilings.peak_bytes_per_s / 1e12:.2f} TB/s), each GPU's memory "
-               f"{fmt_bytes(ref.memory_bytes)} (the H200's, for what fits), plus {2 * model.layers + 2} collectives at the latency set "
+               f"device copy ({ref.ceilings.peak_bytes_per_s / 1e12:.2f} TB/s), each H200 holding "
+               f"{fmt_bytes(ref.memory_bytes)} (which decides the degrees that fit), plus {2 * model.layers + 2} "
+               "collectives at the latency set "
                "above. Compute and kernel overheads are left out, so a real step is slower. Unlike the 135M model "
                "above, the bytes TP divides here are far more than the wire it adds.")
 

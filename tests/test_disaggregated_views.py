@@ -55,6 +55,8 @@ def test_first_moments_add_up_to_the_second_token(history) -> None:  # noqa: ANN
         assert 0 < m.copy_out == h.send_seconds <= m.first_token - m.prefill_start
         assert m.handoff == pytest.approx(h.send_seconds + (h.taken_at - h.sent_at))
         assert h.taken_at - h.sent_at >= h.receive_seconds > 0
+        # The handoff table's three columns add up to it.
+        assert m.handoff == pytest.approx(h.send_seconds + h.waited_seconds + h.receive_seconds)
 
 
 def test_the_prefill_pool_as_its_prompts_were_copied_out(history) -> None:  # noqa: ANN001

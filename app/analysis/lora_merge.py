@@ -69,6 +69,11 @@ def part_of(kernel: str) -> str:
     return PARTS[3]
 
 
+def _profiled_step(t: StepTiming) -> float:
+    """The profiled step that `t.kernels` come from, never shorter than its kernels: what their shares are of."""
+    return max(t.profiled_median, sum(secs for secs, _, _ in t.kernels.values()))
+
+
 def breakdown(t: StepTiming) -> dict[str, float]:
     """The median step's seconds by part, adding up to it: each part's share of the median profiled step (what
     its kernels do not cover, scheduling, sampling, Python, is 'Outside the kernels') times the median timed
@@ -81,7 +86,7 @@ def breakdown(t: StepTiming) -> dict[str, float]:
         return out
     for name, (secs, _, _) in t.kernels.items():
         out[part_of(name)] += secs
-    profiled = max(t.profiled_median, sum(out.values()))
+    profiled = _profiled_step(t)
     if profiled <= 0.0:  # kernels that took no measurable time: nothing to apportion
         return {**dict.fromkeys(PARTS, 0.0), PARTS[4]: t.median}
     out[PARTS[4]] = profiled - sum(out.values())
@@ -104,7 +109,7 @@ def timing_frame(result: MergeResult) -> pd.DataFrame:
             "Unmerged ms": u.median * 1e3,
             "Extra": u.median / m.median - 1,
             "LoRA kernels ms": lora * 1e3 if u.kernels else None,
-            "LoRA share of step": lora / max(u.profiled_median, lora) if u.kernels else None,  # of its own step
+            "LoRA share of step": lora / _profiled_step(u) if u.kernels else None,  # of its own step
             "LoRA FLOPs vs linears": (u.flops_of("lora.") / base_flops(u)) if u.kernels and base_flops(u) else None,
             "Merged tok/s": b / m.median,
             "Unmerged tok/s": b / u.median,

@@ -149,8 +149,7 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
              "decode blocks": fmt_block_ids(h.dst_blocks), "MB": h.nbytes / 1e6,
              "copy out (ms)": h.send_seconds * 1e3, "copy in (ms)": h.receive_seconds * 1e3,
              "GB/s": h.nbytes / max(h.send_seconds + h.receive_seconds, 1e-9) / 1e9,
-             # taken_at is after the copy in: the wait alone leaves it out (the three add up to the handoff).
-             "waited (ms)": max(h.taken_at - h.sent_at - h.receive_seconds, 0.0) * 1e3} for h in handed]
+             "waited (ms)": h.waited_seconds * 1e3} for h in handed]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%.2f")
                                 for c in ("MB", "copy out (ms)", "copy in (ms)", "GB/s", "waited (ms)")})

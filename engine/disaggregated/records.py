@@ -34,7 +34,7 @@ class KVHandoff:
     send_seconds: float  # measured: prefill pool -> transport
     receive_seconds: float  # measured: transport -> decode pool (0 until taken)
     sent_at: float  # prefill worker's clock at the end of the step that produced the first token
-    taken_at: float  # decode worker's clock when the request joined its batch (-1 until then)
+    taken_at: float  # decode worker's clock once the copy in is done and the request joins its batch (-1 until then)
     sent_tick: int
     taken_tick: int  # -1 until taken
     transport: str
@@ -42,6 +42,12 @@ class KVHandoff:
     @property
     def taken(self) -> bool:
         return self.taken_tick >= 0
+
+    @property
+    def waited_seconds(self) -> float:
+        """From the end of the prefill step to the decode worker starting the copy in: copy out, this and the
+        copy in are the whole handoff (taken_at already includes the copy in)."""
+        return max(self.taken_at - self.sent_at - self.receive_seconds, 0.0)
 
 
 @dataclass(frozen=True, slots=True)

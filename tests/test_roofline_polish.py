@@ -30,14 +30,26 @@ H200 = REFERENCE_CEILINGS["NVIDIA H200"]
 
 def test_engine_prefill_linears_stay_under_the_measured_cpu_roof(random_weights) -> None:  # noqa: ANN001
     """The CPU roof is measured with the engine's own linear op too: from torch.mm alone the engine's
-    oneDNN prefill linears plotted at 1.3-2.8x the roof."""
+    oneDNN prefill linears plotted at 1.3-2.8x the roof.
+
+    Both sides are timed three times, taking turns, and the best of each is compared: the roof is a
+    best-of measurement, and on a 2-core CI machine the other test worker's browser can take a core
+    during any one of them (a single engine step against a single roof measurement once came out
+    1.17x there, while the same code measured 0.9-1.0x on a quiet machine)."""
     engine = LLMEngine(EngineConfig(num_blocks=64, max_num_batched_tokens=512, max_model_len=512), random_weights)
-    engine.add_request(list(range(1000, 1400)), SamplingParams(max_tokens=2, ignore_eos=True))
-    record = engine.step()
-    c = measure_ceilings("cpu", fresh=True)
-    linear = next(p for p in family_points(kernel_points(record)) if p.family == "linear")
-    assert linear.flops_per_s <= 1.1 * c.peak_flops, (linear.flops_per_s, c.source)
-    assert "matmul" in c.source or "linear" in c.source
+    best_linear, best_roof = 0.0, None
+    for attempt in range(3):
+        first = 1000 + 500 * attempt  # a new prompt each time: no prefix-cache hit skips the prefill
+        engine.add_request(list(range(first, first + 400)), SamplingParams(max_tokens=1, ignore_eos=True))
+        record = engine.step()
+        linear = next(p for p in family_points(kernel_points(record)) if p.family == "linear")
+        assert linear.phase == "prefill" and linear.calls == 120
+        best_linear = max(best_linear, linear.flops_per_s)
+        c = measure_ceilings("cpu", fresh=True)
+        best_roof = c if best_roof is None or c.peak_flops > best_roof.peak_flops else best_roof
+    assert not engine.has_work()
+    assert best_linear <= 1.1 * best_roof.peak_flops, (best_linear, best_roof.source)
+    assert "matmul" in best_roof.source
 
 
 def test_points_above_the_roof_are_flagged_worst_first() -> None:

@@ -116,13 +116,15 @@ def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], reps: int, b
 
 
 def _engine_linear_shapes() -> dict[str, tuple[int, int]]:
-    """(out_features, in_features) of each linear a layer of the model runs on the CPU path."""
+    """(out_features, in_features) of each linear a layer of the model runs on the CPU path, by name."""
     from engine.config import ModelConfig
 
     m = ModelConfig()
     qkv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
-    return {"qkv": (qkv, m.hidden_size), "o": (m.hidden_size, m.num_heads * m.head_dim),
-            "gate_up": (2 * m.intermediate_size, m.hidden_size), "down": (m.hidden_size, m.intermediate_size)}
+    return {"fused q/k/v projection": (qkv, m.hidden_size),
+            "output projection": (m.hidden_size, m.num_heads * m.head_dim),
+            "fused gate/up projection": (2 * m.intermediate_size, m.hidden_size),
+            "down projection": (m.hidden_size, m.intermediate_size)}
 
 
 def _best_seconds_interleaved(fns: dict[str, Callable[[], None]], rounds: int, budget_s: float) -> dict[str, float]:
@@ -165,7 +167,7 @@ def _measure_cpu(dtype: torch.dtype) -> Ceilings:
     for proj, (out_f, in_f) in _engine_linear_shapes().items():
         x = torch.randn(rows, in_f, dtype=dtype)
         w = pack_linear_weight(torch.randn(out_f, in_f, dtype=dtype))
-        label = f"linear {rows}×{in_f} · {in_f}×{out_f} ({proj}, the engine's oneDNN op)"
+        label = f"{proj} {rows}×{in_f} · {in_f}×{out_f} (the engine's oneDNN linear)"
         fns[label] = partial(cpu_linear, x, w)
         flops[label] = 2 * rows * out_f * in_f
     seconds = _best_seconds_interleaved(fns, rounds=8, budget_s=1.0)

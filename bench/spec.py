@@ -23,7 +23,8 @@ pred(v) = the same with g c + v in the denominator (the verification pass priced
 
     OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes 8 24 64 --tree-depth 6 --tree-topk 8 \
         --max-tokens 48 --out bench/results/spec_cpu_all_drafters.json                  # every drafter
-    OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram early_exit   # gamma 1..5 (~50 min)
+    OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram early_exit draft_model --workloads copy chat \
+        --prompts 2                                               # gamma 1..5: the speculative page's table
     python bench/spec.py --gammas 2 4 --max-tokens 48 --drafters ngram
 """
 from __future__ import annotations
@@ -136,6 +137,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=0,
+                    help="the first N prompts of each workload (0 = all): a shorter run with every drafter")
     ap.add_argument("--repeats", type=int, default=1, help="runs per prompt and configuration; the fastest counts")
     ap.add_argument("--out", default="bench/results/spec_cpu.json")
     args = ap.parse_args()
@@ -150,9 +153,10 @@ def main() -> None:
                 engines[(d, g)] = _engine(weights, d, args, nodes=g)
             elif (d, 0) not in engines:
                 engines[(d, 0)] = _engine(weights, d, args)
+    prompts = {wl: WORKLOADS[wl][:args.prompts] if args.prompts > 0 else WORKLOADS[wl] for wl in args.workloads}
     runs: dict[tuple[str, str, int], list[dict]] = {}
     for wl in args.workloads:
-        for i, prompt in enumerate(WORKLOADS[wl]):
+        for i, prompt in enumerate(prompts[wl]):
             for drafter, gamma in configs:
                 t = time.perf_counter()
                 engine = engines[(drafter, gamma)] if drafter in TREE_DRAFTERS else engines[(drafter, 0)]
@@ -233,7 +237,8 @@ def main() -> None:
         device="cpu", threads=args.threads, omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         torch=torch.__version__, model="SmolLM2-135M-Instruct fp32", max_tokens=args.max_tokens,
         draft_layers=args.draft_layers, gammas=args.gammas, tree_nodes=args.tree_nodes,
-        tree_depth=args.tree_depth, tree_topk=args.tree_topk, draft_vocab=args.draft_vocab, workloads={k: len(v) for k, v in WORKLOADS.items()},
+        tree_depth=args.tree_depth, tree_topk=args.tree_topk, draft_vocab=args.draft_vocab,
+        workloads={k: len(v) for k, v in prompts.items()},  # the prompts run, per workload
         repeats=args.repeats, command=" ".join(["python"] + sys.argv), rows=rows), indent=2))
     print(f"wrote {out}")
 

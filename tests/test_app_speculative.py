@@ -63,6 +63,7 @@ def test_bench_file_matches_its_own_closed_form() -> None:
     assert not any(r["drafter"] in ("Medusa heads", "EAGLE layer") for r in rows)  # trees: page 08
     # c in one notation per magnitude: powers of ten below 0.001, two figures above
     assert (cost_text(4.2e-5), cost_text(1.4e-4), cost_text(0.523), cost_text(0.0)) == ("4.2e-05", "1.4e-04", "0.52", "0")
+    assert (cost_text(0.6), cost_text(0.61), cost_text(1.0)) == ("0.60", "0.61", "1.0")
     assert all(r["c"] == cost_text(raw["c"]) for r, raw in zip(rows, [x for x in bench["rows"]
                                                                      if x["drafter"] not in ("plain", "medusa", "eagle")]))
     for raw in bench["rows"]:

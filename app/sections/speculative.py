@@ -199,12 +199,15 @@ def bench_section() -> None:
     with st.expander(":material/table_chart: The CPU benchmark: bench/results/spec_cpu.json (measured vs predicted)",
                      expanded=True):
         if not bench:
-            st.caption("No benchmark file: run `OMP_NUM_THREADS=1 python bench/spec.py --repeats 2`.")
+            st.caption("No benchmark file: run `OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram "
+                       "early_exit draft_model --workloads copy chat --prompts 2`.")
             return
         st.caption(f"`{bench.get('command', 'bench/spec.py')}` · {bench.get('model')} on {bench.get('device')}, "
                    f"{bench.get('threads')} thread(s), {bench.get('max_tokens')} new tokens per prompt, greedy, "
-                   f"batch 1, early exit = first {bench.get('draft_layers')} of 30 layers. c measured per drafted "
-                   "token; v = verification pass / plain pass.")
+                   f"batch 1, early exit = first {bench.get('draft_layers')} of 30 layers"
+                   + (", distilled draft model = 2 layers of its own" if any(
+                       r["drafter"] == "draft_model" for r in bench.get("rows", [])) else "")
+                   + ". c measured per drafted token; v = verification pass / plain pass.")
         show_figure(bench_figure(bench), key="spec-bench", height=420)
         df = pd.DataFrame(bench_rows(bench))
         # Short headers, explained in the caption: all eleven columns fit in the expander on a projector.

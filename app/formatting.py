@@ -50,6 +50,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
+def batches_text(batches: Sequence[int]) -> str:
+    """'batch 256' or 'batches 16, 64 and 256'."""
+    names = [f"{b:,}" for b in batches]
+    if len(names) <= 1:
+        return "batch " + "".join(names)
+    return f"batches {', '.join(names[:-1])} and {names[-1]}"
+
+
 def fmt_block_ids(blocks: Sequence[int]) -> str:
     """Block ids with runs of consecutive ids shortened: '9–27', '6, 7, 0', '3–5, 12' (a 19-block table
     written out in full pushed every other column of its table off a projector)."""

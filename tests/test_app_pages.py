@@ -214,3 +214,21 @@ def test_request_editor_pins_name_and_prompt(random_app: AppTest) -> None:
     editor = next(d for d in at.dataframe if "prompt" in d.value.columns and d.proto.editing_mode)
     config = json.loads(editor.proto.columns)
     assert {c for c, v in config.items() if v.get("pinned")} == {"request_id", "prompt"}
+
+
+def test_a_half_full_blocks_number_gets_a_halo(tiny_weights) -> None:  # noqa: ANN001
+    """A number across a tile's fill line had white ink, half of it on the pale empty part: unreadable."""
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    from app.charts.block_pool import block_pool_grid
+    from app.charts.colors import HALO, INK
+
+    engine = LLMEngine(EngineConfig(weights="random", num_blocks=8, block_size=8), tiny_weights)
+    engine.add_request(list(range(100, 112)), SamplingParams(max_tokens=4, ignore_eos=True))  # blocks 8/8 and 4/8
+    record = engine.step()
+    texts = [t for t in block_pool_grid(record, ["req-0"]).data if t.mode == "text"]
+    plain, halo = texts
+    assert list(halo.text) == ["1"] and halo.textfont.color == INK and halo.textfont.shadow == HALO
+    assert len(plain.text) == 7 and "1" not in plain.text

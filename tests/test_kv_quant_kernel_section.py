@@ -80,3 +80,7 @@ def test_roofline_points_divide_the_call_flops_by_the_pool_bytes() -> None:
     labels = {tr.name: tr.textposition for tr in fig.data if tr.mode == "markers+text"}
     assert len(labels) == 4 and {labels["fused kernel · FP8 e4m3"], labels["fused kernel · INT8"]} == {
         "top center", "bottom center"}
+    # The upper twin rings the lower one's dot instead of hiding under it.
+    symbols = {tr.textposition: tr.marker.symbol for tr in fig.data if tr.name in ("fused kernel · FP8 e4m3",
+                                                                                     "fused kernel · INT8")}
+    assert symbols == {"top center": "circle-open", "bottom center": None}

@@ -18,11 +18,11 @@ from engine.tokenizer import default_tokenizer
 from engine.weights import default_config
 
 import app.sections.parallelism as section
-from app.analysis.parallelism import (allowed_degrees, break_even_latency_us, collective_counts, collective_frame,
-                                      degree_frame, ep_fits, ep_frame, h200_stage_ms, imbalance_curve,
-                                      lm_head_layers, load_h200, load_process_run, memory_frame, pass_times,
-                                      replicated_bytes, result_json, split_rows, stage_frame, token_latency,
-                                      tp_floor_frame, tp_projection)
+from app.analysis.parallelism import (allowed_degrees, batches_where_tp_pays, break_even_latency_us,
+                                      collective_counts, collective_frame, degree_frame, ep_fits, ep_frame,
+                                      h200_stage_ms, imbalance_curve, lm_head_layers, load_h200, load_process_run,
+                                      memory_frame, pass_times, replicated_bytes, result_json, split_rows,
+                                      stage_frame, token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, split_figure, tp_floor_figure)
 from app.formatting import NO_VALUE
@@ -137,6 +137,26 @@ def test_h200_file_and_the_assumed_wire(tmp_path: Path) -> None:
     assert h200_stage_ms(bench, 3) == [1.0, 1.0, 2.0] and h200_stage_ms(bench, 2) is None
     fig = projection_figure(proj, 3, 10.0, 62)
     assert "assumed" in fig.data[-1].name and list(fig.data[-1].base) == list(proj["rank_ms"])
+
+
+def test_the_captions_say_where_tp_pays_as_the_chart_shows_it() -> None:
+    """The caption said 'a 135M model is far too small to gain from TP' beside a chart with TP ahead at batch 256."""
+    import pandas as pd
+
+    def proj(projected: list[float]) -> pd.DataFrame:
+        return pd.DataFrame({"batch": [1, 16, 64, 256], "tp1_ms": [3.2, 3.6, 3.9, 4.7], "projected_ms": projected})
+
+    assert batches_where_tp_pays(proj([3.5, 3.7, 4.0, 4.5])) == [256]
+    one = section._where_tp_pays(proj([3.5, 3.7, 4.0, 4.5]), 10)
+    assert "ahead only at batch 256 (by 200 µs a step)" in one and "too small" in one
+    some = section._where_tp_pays(proj([3.5, 3.5, 3.8, 4.5]), 10)
+    assert "ahead only at batches 16, 64 and 256 (by 200 µs a step at 256)" in some
+    assert "loses at every batch measured" in section._where_tp_pays(proj([4.0, 4.0, 4.0, 5.0]), 50)
+    assert "ahead at every batch measured" in section._where_tp_pays(proj([3.0, 3.0, 3.0, 3.0]), 1)
+    text = section._rank_speedup_text({1: (1.15, 1.0), 16: (1.77, 1.79), 64: (2.5, 2.9), 256: (7.2, 5.9)}, 3)
+    assert "at most 1.22× as fast as the whole step (batch 256), far from 3×" in text
+    assert text.endswith("at batches 16 and 64 it is no faster at all.")
+    assert section._rank_speedup_text({1: (2.0, 1.0)}, 3).endswith("(batch 1), far from 3×.")
 
 
 def test_the_process_run_from_the_cpu_bench(tmp_path: Path) -> None:

@@ -152,6 +152,19 @@ def test_labels_avoid_obstacles_and_give_up_rather_than_overlap() -> None:
     assert place_labels(items, (0.1, 100), (1e7, 1e11), obstacles=[everywhere]) == [""]
 
 
+def test_labels_keep_off_the_roof_line_where_they_can() -> None:
+    """A faded earlier step's "linear layers" sat across the bandwidth slope: the line is a soft obstacle, which
+    a label avoids where any place is free of it, which this step's labels may still cross rather than vanish
+    and which an earlier step's labels may not."""
+    right_of_point = (0.0, 1.0, 8.8, 9.2)
+    assert place_labels([(1.0, 1e9, "linear layers", True)], (0.1, 100), (1e7, 1e11),
+                        soft_obstacles=[right_of_point])[0].endswith("left")
+    everywhere = (-2.0, 3.0, 6.0, 12.0)
+    now, earlier = (1.0, 1e9, "lm_head", True), (10.0, 1e8, "linear layers", False)
+    assert place_labels([now], (0.1, 100), (1e7, 1e11), soft_obstacles=[everywhere]) == ["middle right"]
+    assert place_labels([earlier], (0.1, 100), (1e7, 1e11), soft_obstacles=[everywhere]) == [""]
+
+
 def test_presentation_mode_scales_fonts_the_builders_set() -> None:
     fig = go.Figure()
     fig.add_scatter(x=[1], y=[1], mode="markers+text", text=["a"], textfont=dict(size=12))

@@ -209,6 +209,11 @@ def tp_projection(bench: H200Bench, tp: int, all_reduces: int, gathers: int, lat
                         columns=["batch", "tp1_ms", "rank_ms", "wire_ms", "projected_ms"])
 
 
+def batches_where_tp_pays(proj: pd.DataFrame) -> list[int]:
+    """The batches of a `tp_projection` at which a rank's share plus the collectives beats one GPU."""
+    return [int(b) for b in proj.loc[proj["projected_ms"] < proj["tp1_ms"], "batch"]]
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessRun:
     """bench/parallel.py on the CPU: the real model tensor-parallel over real processes (gloo), one rank each."""

@@ -14,10 +14,11 @@ from engine.trace import StepRecord
 
 from app.analysis.trace_metrics import block_fills
 from app.charts.axes import step_range, step_ticks
-from app.charts.colors import ink_on, owner_color, tint
+from app.charts.colors import HALO, INK, ink_on, owner_color, tint
 from app.theme import BASELINE_COLOR, FREE_COLOR, MUTED, SHARED_COLOR, TECHNIQUE_COLOR
 
 GAP = 0.08
+STRADDLE = (0.3, 0.7)  # fill fractions at which a mid-tile number crosses the fill line
 
 
 def grid_columns(num_blocks: int) -> int:
@@ -32,7 +33,7 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
     fills = block_fills(record)
     highlight = highlight or set()
     fig = go.Figure()
-    xs, ys, texts, hovers, inks = [], [], [], [], []
+    xs, ys, texts, hovers, inks, straddles = [], [], [], [], [], []
     for b in range(pool.num_blocks):
         col, row = b % cols, b // cols
         x0, y0 = col + GAP, rows - 1 - row + GAP  # block 0 top-left, reading order
@@ -48,14 +49,22 @@ def block_pool_grid(record: StepRecord, order: list[str], highlight: set[int] | 
             fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y0 + (y1 - y0) * frac, fillcolor=color,
                           line=dict(width=0), layer="below")
         inks.append(ink_on(color if frac >= 0.5 else pale))  # the number sits mid-tile: on the solid part or not
+        straddles.append(STRADDLE[0] < frac < STRADDLE[1])
         xs.append(col + 0.5)
         ys.append(rows - row - 0.5)
         texts.append(f"{b}" + (f"<br>×{refs}" if refs > 1 else ""))
         who = owner if owner else "free"
         hovers.append(f"<b>block {b}</b><br>owner: {who}<br>ref count: {refs}<br>"
                       f"filled: {fill}/{pool.block_size} slots")
-    fig.add_scatter(x=xs, y=ys, mode="text", text=texts, hovertext=hovers, hoverinfo="text", showlegend=False,
-                    textfont=dict(color=inks))
+    # A number across the fill line (a half-full block) has one half on the pale part and one on the solid part,
+    # so no single colour reads on both: those get near-black with a white halo, in a trace of their own because
+    # a text shadow cannot vary per point.
+    for halo in (False, True):
+        idx = [i for i, s in enumerate(straddles) if s == halo]
+        if idx:
+            fig.add_scatter(x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="text", text=[texts[i] for i in idx],
+                            hovertext=[hovers[i] for i in idx], hoverinfo="text", showlegend=False,
+                            textfont=dict(color=INK, shadow=HALO) if halo else dict(color=[inks[i] for i in idx]))
     # Legend entries (tiles are shapes, which have no legend of their own).
     present = [o for o in order if o in set(pool.owners)]
     for label, color in [(o, owner_color(o, order)) for o in present] + [("shared (copy-on-write)", SHARED_COLOR),

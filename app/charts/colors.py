@@ -22,6 +22,8 @@ def tint(hex_color: str, alpha: float) -> str:
 
 
 INK = "#111827"
+# A white outline for dark text that sits on mixed or dark ground (Plotly font.shadow, CSS text-shadow syntax).
+HALO = "1px 1px 1px #fff, -1px -1px 1px #fff, 1px -1px 1px #fff, -1px 1px 1px #fff"
 
 
 def relative_luminance(color: str) -> float:

@@ -13,6 +13,7 @@ from kernels.flash_trace import FlashTrace
 
 from app.analysis.flash_compare import MethodResult
 from app.charts.axes import index_ticks, log_axis
+from app.charts.colors import HALO  # readable over a line without hiding a stretch of it
 from app.theme import ACCENT, MUTED
 
 TILE_COLORS = {"full": "#0072B2", "diagonal": "#E69F00", "skipped": "#EEF0F3"}
@@ -71,8 +72,6 @@ MIN_SCORE_SPAN = 1.0
 # Rescale factors are written over their bars up to this many K tiles: "×0.54" at 12 pixels needs about
 # 30 pixels, a tile's width in a half-width chart at 1280 pixels with 10-16 tiles.
 RESCALE_LABELS_MAX_TILES = 16
-# A white outline round each letter: readable over a line without hiding a stretch of it.
-HALO = "1px 1px 1px #fff, -1px -1px 1px #fff, 1px -1px 1px #fff, -1px 1px 1px #fff"
 
 
 def future_tiles(trace: FlashTrace) -> list[int]:

@@ -83,10 +83,13 @@ def roofline_figure(frame: pd.DataFrame, c: Ceilings, batch: int, context: int, 
         at = round(row.intensity, 3)
         twin = frame[(frame["intensity"].round(3) == at)]
         below = len(twin) == 1 or row.flops_per_s <= float(twin["flops_per_s"].min())
+        # The upper twin is a ring round the lower one's dot: as two filled dots a few pixels apart, the one drawn
+        # second hid the other.
+        marker = (dict(size=15, color=color, line=dict(color="#1F2937", width=1)) if below else
+                  dict(size=24, symbol="circle-open", color=color, line=dict(color=color, width=3)))
         fig.add_scatter(x=[row.intensity], y=[row.flops_per_s], mode="markers+text", name=row.path,
                         text=[f"{row.fmt.upper()} {row.of_roof:.0%}"],
-                        textposition="bottom center" if below else "top center",
-                        marker=dict(size=15, color=color, line=dict(color="#1F2937", width=1)),
+                        textposition="bottom center" if below else "top center", marker=marker,
                         hovertemplate=f"{row.path}: I = %{{x:.2f}} FLOP/B, %{{y:.3s}}FLOP/s, {row.of_roof:.0%} of the "
                                       "roof there<extra></extra>")
     y_hi = c.attainable(x_hi) * 1.5

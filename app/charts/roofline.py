@@ -84,38 +84,47 @@ def _label_box(lx: float, ly: float, pos: str, text: str, marker_px: float, font
 
 def place_labels(items: list[tuple[float, float, str, bool]], x_span: tuple[float, float],
                  y_span: tuple[float, float], width_px: float = PLOT_PX[0], height_px: float = PLOT_PX[1],
-                 obstacles: list[Box] = (), markers: list[tuple[float, float]] | None = None) -> list[str]:
+                 obstacles: list[Box] = (), markers: list[tuple[float, float]] | None = None,
+                 soft_obstacles: list[Box] = ()) -> list[str]:
     """A Plotly textposition per labelled point (x, y, text, prefer_right) so labels avoid each other,
     the markers and `obstacles` (the roof's own labels, the ridge marker) and stay inside the plot: greedy, in
     log space, with each box placed where Plotly draws it (`markers`: each point's marker size and font in px,
     CURRENT_MARKER for all by default). A label that finds no free place gets "" (no text; the hover still
-    names the point): overlapping text is worse on a projector than a point without a label."""
+    names the point): overlapping text is worse on a projector than a point without a label.
+
+    `soft_obstacles` (the roof line) are avoided where any place is free of them; a label with prefer_right
+    (this step's kernels, which the page talks about) may still cross one rather than go unlabelled, the
+    others (faded earlier steps) may not."""
     dx, dy = _decades_per_px(x_span, y_span, width_px, height_px)
     markers = markers or [CURRENT_MARKER] * len(items)
     marker = [(math.log10(x) - 8 * dx, math.log10(x) + 8 * dx, math.log10(y) - 8 * dy, math.log10(y) + 8 * dy)
               for x, y, _, _ in items]
     placed: list[Box] = list(obstacles)
     inside = (math.log10(x_span[0]), math.log10(x_span[1]), math.log10(y_span[0]), math.log10(y_span[1]))
+    px, py = 3 * dx, 3 * dy
+
+    def overlaps(box: Box, o: Box, pad_x: float = 0.0, pad_y: float = 0.0) -> bool:
+        return box[0] - pad_x < o[1] and o[0] < box[1] + pad_x and box[2] - pad_y < o[3] and o[2] < box[3] + pad_y
+
     out = []
     for i, ((x, y, text, right), (marker_px, font_px)) in enumerate(zip(items, markers)):
         lx, ly = math.log10(x), math.log10(y)
-        best, best_hits, best_box = "", None, None
+        best, best_cost, best_box = "", None, None
         for pos in (_RIGHT if right else _LEFT):
             box = _label_box(lx, ly, pos, text, marker_px, font_px, dx, dy)
             # 3 px to spare between texts: Plotly offsets text from a marker by its radius, which the estimate
             # does not model, and two labels 2 px into each other read as one. Markers are boxes of their own.
-            px, py = 3 * dx, 3 * dy
-            hits = sum(1 for o in placed
-                       if box[0] - px < o[1] and o[0] < box[1] + px and box[2] - py < o[3] and o[2] < box[3] + py)
-            hits += sum(1 for j, o in enumerate(marker) if j != i
-                        and box[0] < o[1] and o[0] < box[1] and box[2] < o[3] and o[2] < box[3])
+            hits = sum(1 for o in placed if overlaps(box, o, px, py))
+            hits += sum(1 for j, o in enumerate(marker) if j != i and overlaps(box, o))
             # Past the plot's edge a label lands on the axis' tick labels ("linear layers" on "10G").
             hits += not (inside[0] <= box[0] and box[1] <= inside[1] and inside[2] <= box[2] and box[3] <= inside[3])
-            if best_hits is None or hits < best_hits:
-                best, best_hits, best_box = pos, hits, box
-            if hits == 0:
+            soft = any(overlaps(box, o) for o in soft_obstacles)
+            cost = (hits, soft)
+            if best_cost is None or cost < best_cost:
+                best, best_cost, best_box = pos, cost, box
+            if cost == (0, False):
                 break
-        if best_hits:
+        if best_cost[0] or (best_cost[1] and not right):
             out.append("")
             continue
         placed.append(best_box)
@@ -138,6 +147,23 @@ def _text_box(lx: float, ly: float, text: str, dx: float, dy: float, angle_deg: 
     a = math.radians(angle_deg)
     return (lx, lx + (w_px * math.cos(a) + h_px * math.sin(a)) * dx, ly,
             ly + (w_px * math.sin(a) + h_px * math.cos(a)) * dy)
+
+
+def _roof_line_boxes(c: Ceilings, x_span: tuple[float, float], dx: float, dy: float, step_px: float = 6.0,
+                     half_px: float = 2.5) -> list[Box]:
+    """Small log-space boxes along the roof line as drawn (3 px wide), `step_px` apart: a label placed across
+    the line read as struck through ("linear layers" on the bandwidth slope)."""
+    lo, hi = math.log10(x_span[0]), math.log10(x_span[1])
+    n = max(2, int((hi - lo) / dx / step_px) + 1)
+    boxes = []
+    for i in range(n):
+        lx = lo + (hi - lo) * i / (n - 1)
+        ly = math.log10(c.attainable(10 ** lx))
+        # Along the slope the line climbs one decade per decade: a box as tall as one step's rise covers it.
+        rise = (hi - lo) / (n - 1) if 10 ** lx < c.ridge else 0.0
+        boxes.append((lx - step_px / 2 * dx, lx + step_px / 2 * dx, ly - half_px * dy - rise / 2,
+                      ly + half_px * dy + rise / 2))
+    return boxes
 
 
 def _log_span(values: list[float], lo_default: float, hi_default: float, pad: float = 2.5) -> tuple[float, float]:
@@ -214,8 +240,10 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     items = [(p.intensity, p.flops_per_s, point_label(p), True) for p in now]
     items += [(p.intensity, p.flops_per_s, point_label(p), False) for p in others_labelled]
     markers = [CURRENT_MARKER] * len(now) + [EARLIER_MARKER] * len(others_labelled)
-    positions = dict(zip([id(p) for p in now + others_labelled], place_labels(items, (x_lo, x_hi), (y_lo, y_hi),
-                                                                                  obstacles=obstacles, markers=markers)))
+    line = _roof_line_boxes(c, (x_lo, x_hi), dx, dy)
+    positions = dict(zip([id(p) for p in now + others_labelled],
+                         place_labels(items, (x_lo, x_hi), (y_lo, y_hi), obstacles=obstacles, markers=markers,
+                                      soft_obstacles=line)))
     for phase in ("prefill", "mixed", "decode"):
         pts = [p for p in earlier if p.phase == phase]
         if not pts:

@@ -21,12 +21,15 @@ from app.widgets.explain import explanation
 def lora_explanation() -> None:
     explanation(
         "One base model, many fine-tunes in one batch (Punica, S-LoRA)",
-        [r"y_t = W x_t + B_{s_t} A_{s_t} x_t \qquad s_t = \text{the adapter of row } t",
-         r"\underbrace{W X}_{\text{one GEMM, all rows}} \;+\; \sum_{a} \underbrace{B_a (A_a X_a)}_{\text{shrink, "
-         r"expand: rows of adapter } a}",
+        # Short pieces: the theory box's formula column is about 330 pixels wide at 1280, and KaTeX breaks a long
+        # line at its operators (the sum landed on its own line, under its brace label).
+        [r"y_t = W x_t + B_{s_t} A_{s_t} x_t",
+         r"s_t = \text{the adapter of row } t",
+         r"Y = \underbrace{W X}_{\text{one GEMM}} + \sum_{a} \underbrace{B_a (A_a X_a)}_{\text{rows of } a}",
          r"\text{extra FLOPs per token} = 2r\,{(d_\text{in} + d_\text{out})} \ll 2\,d_\text{in} d_\text{out}"],
         ["Every request names a LoRA fine-tune (or none). The base weights W are read **once per step for the "
-         "whole batch**; each adapter's small A and B only touch its own rows. That is SGMV, Punica's "
+         "whole batch**; each adapter's small A and B only touch its own rows (A shrinks a row to rank r, B expands "
+         "it back). That is SGMV, Punica's "
          "segmented gather matrix-vector product: a batch keeps the size it would have with one model.",
          "The device holds a few adapters at a time (**slots**). A request can only start once its adapter is in "
          "a slot: admission loads it there (from host memory) or evicts the least recently used adapter that no "

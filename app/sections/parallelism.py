@@ -15,14 +15,15 @@ from engine.parallel.tp_scaling import DENSE_MODELS
 from kernels.ceilings import REFERENCE_CEILINGS
 
 from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, EP_GPUS, H200_BENCH, ROUTING_DRAWS,
-                                      ROUTING_TOKENS, allowed_degrees, break_even_latency_us, collective_counts,
+                                      ROUTING_TOKENS, allowed_degrees, batches_where_tp_pays, break_even_latency_us,
+                                      collective_counts,
                                       collective_frame, degree_frame, engine_tp_ms, ep_fits, ep_frame, h200_stage_ms,
                                       imbalance_curve, lm_head_layers, load_h200, load_process_run, memory_frame,
                                       model_named, pass_times, replicated_bytes, result_json, split_rows, stage_frame,
                                       token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, rank_color, split_figure, tp_floor_figure)
-from app.formatting import fmt_bytes, fmt_duration, plural
+from app.formatting import batches_text, fmt_bytes, fmt_duration, plural
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
 from app.theme import REQUEST_COLORS, show_figure
@@ -261,19 +262,47 @@ def wire_section(result: ParallelResult, page: str) -> float:
         f"plain torch, about 60 small kernels a layer) as a CUDA graph, against the whole step at TP = 1. **The all-reduces were not measured**: only one-GPU machines were lent, so the hatched "
         f"part is {n} × the latency you set. At batch {int(small['batch'])} TP saves "
         f"{(small['tp1_ms'] - small['rank_ms']) * 1e3:,.0f} µs of compute per step: it breaks even at "
-        f"{break_even_latency_us(small, n):.1f} µs per collective. A 135M model is far too small to gain from TP; "
-        "a 70B model, whose step is tens of milliseconds of compute, is not.")
+        f"{break_even_latency_us(small, n):.1f} µs per collective. " + _where_tp_pays(proj, latency))
     eng = engine_tp_ms(bench, tp)
     if eng:
         parts = "; ".join(f"batch {b}: {one:.2f} ms whole, {rank:.2f} ms a rank" for b, (one, rank) in eng.items())
         st.caption(f"The same shapes through **this engine's own decode step** (fused Triton kernels replayed as CUDA "
-                   f"graphs, the host's scheduling included, on the {bench.device}): {parts}. A rank's kernels have a "
-                   f"third of the heads, channels and vocabulary to spread over the GPU, so at this model's size they "
-                   "barely get faster, and at some batches a rank is no faster at all.")
+                   f"graphs, the host's scheduling included, on the {bench.device}): {parts}. "
+                   + _rank_speedup_text(eng, tp))
     if not bench.all_reduce.empty:
         st.dataframe(bench.all_reduce.rename(columns={"ranks": "GPUs", "bytes": "Bytes", "us": "µs (measured)"}),
                      hide_index=True)
     return latency
+
+
+def _where_tp_pays(proj: pd.DataFrame, latency_us: float) -> str:
+    """Which batches the chart shows TP ahead at, in words: at the largest batches a 135M model's step has
+    enough compute to split, so 'too small to gain' is only true of the small ones."""
+    wins = batches_where_tp_pays(proj)
+    big = ("A 70B model's step is tens of milliseconds of compute even at batch 1, so there the same collectives "
+           "are a small price (the next section does the arithmetic).")
+    if not wins:
+        return f"At {latency_us:g} µs per collective TP loses at every batch measured: this model is too small. " + big
+    if len(wins) == len(proj):
+        return f"At {latency_us:g} µs per collective TP is ahead at every batch measured. " + big
+    last = proj.loc[proj["batch"] == wins[-1]].iloc[0]
+    saved = f"{(last['tp1_ms'] - last['projected_ms']) * 1e3:,.0f} µs a step"
+    where = f"{batches_text(wins)} (by {saved}{'' if len(wins) == 1 else f' at {wins[-1]:,}'})"
+    return (f"At {latency_us:g} µs per collective TP is ahead only at {where}, where the step has enough compute "
+            "to split; at smaller batches this model is too small to gain. " + big)
+
+
+def _rank_speedup_text(eng: dict[int, tuple[float, float]], tp: int) -> str:
+    """How much faster a rank's share of the engine's step is than the whole step, per the measured batches."""
+    ratio = {b: one / rank for b, (one, rank) in eng.items() if rank > 0}
+    best = max(ratio, key=ratio.__getitem__)
+    slow = [b for b, r in ratio.items() if r <= 1.0]
+    text = (f"A rank's kernels have 1/{tp} of the heads, channels and vocabulary to spread over the GPU, so at this "
+            f"model's size a rank is at most {ratio[best]:.2f}× as fast as the whole step (batch {best:,}), far "
+            f"from {tp}×")
+    if slow:
+        text += f", and at {batches_text(slow)} it is no faster at all"
+    return text + "."
 
 
 def tp_pays_section(page: str, latency_us: float) -> None:

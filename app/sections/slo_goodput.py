@@ -53,8 +53,10 @@ def slo_explanation() -> None:
 def backend_line() -> None:
     dev = device()
     if dev == "cpu":
-        where = ("the CPU with the torch reference path: a decode step of this model costs about 50 ms here "
-                 "(an H200 with Triton kernels and CUDA graphs: about 1 ms), so the rates and targets are CPU-sized")
+        # Not a fixed figure: a step measured 50 ms on an idle 2-core machine and 65-100 ms while a browser shared it.
+        where = ("the CPU with the torch reference path: a decode step of this model costs tens of milliseconds "
+                 "here (the runs' TPOT below measures it; an H200 with Triton kernels and CUDA graphs: about 1 ms), "
+                 "so the rates and targets are CPU-sized")
     else:
         where = f"{torch.cuda.get_device_name(torch.device(dev))} ({backend_summary()}, CUDA graphs on)"
     st.caption(f":material/memory: **SmolLM2-135M-Instruct** ({weights_mode()} weights) on {where}. Kernel "

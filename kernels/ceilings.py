@@ -152,11 +152,12 @@ def _measure_cpu(dtype: torch.dtype) -> Ceilings:
 
     The engine's CPU linears run oneDNN's inner product on packed weights (kernels/cpu_linear.py),
     which beats torch.mm's MKL sgemm on a small CPU, so a ceiling from torch.mm alone put the
-    engine's prefill linears above the roof. No single weight shape is the fastest everywhere
-    either: on one CPU the fused gate/up projection ran 6 % slower than the o projection, and on the
-    CI machine the engine's linears together beat a ceiling taken from gate/up alone by 17 %. So the
-    roof is the fastest of a square torch.mm and the engine's own op at each of its weight shapes,
-    with a full prefill chunk's rows."""
+    engine's prefill linears above the roof. Nor is one weight shape the fastest everywhere: timed one
+    at a time on this development machine, the fused gate/up projection ran 6 % slower than the
+    output projection. And on the CI machine, with a browser test running beside it, the engine's
+    linears measured 1.17x a ceiling taken once, in a short window, from gate/up alone. So the roof is
+    the fastest of a square torch.mm and the engine's own op at each of its weight shapes, with a full
+    prefill chunk's rows, timed in turns."""
     from kernels.cpu_linear import cpu_linear, pack_linear_weight
 
     n, rows = 768, 512

@@ -16,11 +16,11 @@ from kernels.ceilings import REFERENCE_CEILINGS
 
 from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, EP_GPUS, H200_BENCH, ROUTING_DRAWS,
                                       ROUTING_TOKENS, allowed_degrees, batches_where_tp_pays, break_even_latency_us,
-                                      collective_counts,
-                                      collective_frame, degree_frame, engine_tp_ms, ep_fits, ep_frame, h200_stage_ms,
-                                      imbalance_curve, lm_head_layers, load_h200, load_process_run, memory_frame,
-                                      model_named, pass_times, replicated_bytes, result_json, split_rows, stage_frame,
-                                      token_latency, tp_floor_frame, tp_projection)
+                                      collective_counts, collective_frame, degree_frame, engine_tp_ms, ep_fits,
+                                      ep_frame, h200_stage_ms, imbalance_curve, lm_head_layers, load_h200,
+                                      load_process_run, memory_frame, model_named, pass_times, replicated_bytes,
+                                      result_json, split_rows, stage_frame, token_latency, tp_floor_frame,
+                                      tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, rank_color, split_figure, tp_floor_figure)
 from app.formatting import batches_text, fmt_bytes, fmt_duration, plural
@@ -295,6 +295,8 @@ def _where_tp_pays(proj: pd.DataFrame, latency_us: float) -> str:
 def _rank_speedup_text(eng: dict[int, tuple[float, float]], tp: int) -> str:
     """How much faster a rank's share of the engine's step is than the whole step, per the measured batches."""
     ratio = {b: one / rank for b, (one, rank) in eng.items() if rank > 0}
+    if not ratio:
+        return ""
     best = max(ratio, key=ratio.__getitem__)
     slow = [b for b, r in ratio.items() if r <= 1.0]
     text = (f"A rank's kernels have 1/{tp} of the heads, channels and vocabulary to spread over the GPU, so at this "

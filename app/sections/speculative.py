@@ -49,11 +49,11 @@ def speculative_explanation() -> None:
          "**Prompt lookup** (n-gram) copies what followed the last few tokens earlier in the text: c ≈ 0, "
          "α high when the answer repeats the prompt (copy-edit, summarise), near useless in open chat. "
          "**Early exit** (the target's first layers) costs c ≈ 0.6 with 16 of the 30 and agrees rarely on a "
-         "135M model. The **distilled draft model** (2 layers trained here to imitate the target, sharing its embeddings) is "
-         "cheaper (c ≈ 0.1 to 0.2) but agrees rarely too (α ≈ 0.13 in the benchmark below), so on this CPU it "
-         "stays a little slower than plain decoding. How often each agrees depends on the text: the benchmark "
-         "table below measures α over several prompts; one short scenario can make two drafters look alike, or "
-         "rank them the other way."],
+         "135M model. The **distilled draft model** (2 layers trained here to imitate the target, sharing its "
+         "embeddings) is cheaper (c ≈ 0.1 to 0.2) but agrees rarely too (α ≈ 0.13 in the benchmark below), so on "
+         "this CPU it stays a little slower than plain decoding. How often each agrees depends on the text: the "
+         "benchmark table below measures α over several prompts; one short scenario can make two drafters look "
+         "alike, or rank them the other way."],
         note="α is measured like the benchmark: accepted / (accepted + rejections), the per-draft acceptance "
              "probability of the i.i.d. model.",
     )

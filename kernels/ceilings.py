@@ -98,23 +98,6 @@ def memory_capacity(device: str | torch.device) -> float:
 
 # ---- measuring ----------------------------------------------------------------------------------
 
-def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], reps: int, budget_s: float) -> float:
-    """Best wall time of `fn` over up to `reps` runs (the best run is the least disturbed one on a
-    shared machine), stopping early once `budget_s` is spent."""
-    fn()
-    sync()  # warm-up: allocation, page faults, kernel selection
-    best = float("inf")
-    start = time.perf_counter()
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-        if time.perf_counter() - start > budget_s:
-            break
-    return best
-
-
 def _engine_linear_shapes() -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of each linear a layer of the model runs on the CPU path, by name."""
     from engine.config import ModelConfig
@@ -127,8 +110,9 @@ def _engine_linear_shapes() -> dict[str, tuple[int, int]]:
             "down projection": (m.hidden_size, m.intermediate_size)}
 
 
-def _best_seconds_interleaved(fns: dict[str, Callable[[], None]], rounds: int, budget_s: float) -> dict[str, float]:
-    """Best wall time of each function, run in turn for up to `rounds` rounds.
+def _best_seconds(fns: dict[str, Callable[[], None]], rounds: int, budget_s: float) -> dict[str, float]:
+    """Best wall time of each function (the best run is the least disturbed one on a shared machine), run in
+    turn for up to `rounds` rounds, stopping early once `budget_s` is spent.
 
     Interleaving matters on a shared machine: a burst of load from another process slows whichever
     functions run during it, and taking turns spreads every function across the same quiet and busy
@@ -171,16 +155,15 @@ def _measure_cpu(dtype: torch.dtype) -> Ceilings:
         label = f"{proj} {rows}×{in_f} · {in_f}×{out_f} (the engine's oneDNN linear)"
         fns[label] = partial(cpu_linear, x, w)
         flops[label] = 2 * rows * out_f * in_f
-    seconds = _best_seconds_interleaved(fns, rounds=8, budget_s=1.0)
-    rates = {label: flops[label] / seconds[label] for label in fns}
-    fastest = max(rates, key=rates.__getitem__)
     numel = 16 * 1024 * 1024  # 64 MiB of fp32: far larger than any CPU cache
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
-    cp = _best_seconds(lambda: dst.copy_(src), lambda: None, reps=8, budget_s=0.5)
+    seconds = _best_seconds({**fns, "copy": lambda: dst.copy_(src)}, rounds=8, budget_s=1.2)
+    rates = {label: flops[label] / seconds[label] for label in fns}
+    fastest = max(rates, key=rates.__getitem__)
     threads = torch.get_num_threads()
     name = str(dtype).removeprefix("torch.")
-    return Ceilings(rates[fastest], 2 * src.numel() * src.element_size() / cp,
+    return Ceilings(rates[fastest], 2 * src.numel() * src.element_size() / seconds["copy"],
                     f"measured now on this CPU ({threads} torch thread{'s' if threads != 1 else ''}): "
                     f"the fastest {name} matmul was the {fastest}; 64 MiB copy", name)
 

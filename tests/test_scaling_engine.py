@@ -15,7 +15,7 @@ from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import ForcedTokens
 from engine.test_time import (BudgetForcing, ScoredSample, TaskOutcome, TaskSetRun, TestTimeEngine, accuracy_curve,
-                              extract_answer, load_tasks, majority_vote, select)
+                              extract_answer, load_tasks, majority_vote, select, vote_counts)
 from engine.test_time.scoring import rule_correct
 from engine.weights import hf_reference_model
 
@@ -217,6 +217,19 @@ def test_majority_vote_and_selection() -> None:
     sel = select(s)
     assert (sel.majority, sel.self_certainty, sel.oracle) == (0, 1, 1)  # no-answer samples are never picked
     assert not rule_correct(s, "majority vote") and rule_correct(s, "self-certainty")
+
+
+@given(st.lists(st.one_of(st.none(), st.sampled_from("1234")), max_size=12))
+def test_the_vote_picks_the_answer_the_counts_put_first(answers: list[str | None]) -> None:
+    # The page's vote chart draws vote_counts; the pick must be its first bar, ties included.
+    counts, pick = vote_counts(answers), majority_vote(answers)
+    assert sum(counts.values()) == sum(a is not None for a in answers)
+    assert list(counts.values()) == sorted(counts.values(), reverse=True)
+    if pick is None:
+        assert not counts
+    else:
+        assert answers[pick] == next(iter(counts)) and counts[answers[pick]] == max(counts.values())
+        assert all(answers.index(a) >= pick for a, c in counts.items() if c == counts[answers[pick]])
 
 
 def test_accuracy_curve_uses_disjoint_groups() -> None:

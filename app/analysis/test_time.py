@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.test_time import RULES, BudgetForcing, CurvePoint, Task, TaskSetRun
+from engine.test_time import RULES, BudgetForcing, CurvePoint, Task, TaskSetRun, vote_counts
 from engine.tokenizer import Tokenizer
 
 from app.scenarios import RequestSpec, Scenario
@@ -136,8 +135,7 @@ def finished(sample: dict[str, Any]) -> bool:
 def answer_counts(view: dict[str, Any], finished_only: bool = False) -> dict[str, int]:
     """Samples per final answer, most voted first (ties in the order the answers first appear). A running
     sample counts the answer in its text so far unless `finished_only`."""
-    return dict(Counter(s["answer"] for s in view["samples"]
-                        if s["answer"] is not None and (finished(s) or not finished_only)).most_common())
+    return vote_counts([s["answer"] for s in view["samples"] if finished(s) or not finished_only])
 
 
 def still_writing(view: dict[str, Any]) -> int:

@@ -62,12 +62,14 @@ def extract_answer(text: str) -> str | None:
     return _value(clean, start)
 
 
+def vote_counts(answers: Sequence[str | None]) -> dict[str, int]:
+    """Samples per answer, most votes first; ties keep the order the answers first appear, which is
+    the order self-consistency breaks them in. Samples without an answer cast no vote."""
+    return dict(Counter(a for a in answers if a is not None).most_common())
+
+
 def majority_vote(answers: Sequence[str | None]) -> int | None:
-    """Index of the sample self-consistency picks: one holding the most frequent answer (ties go to the
-    answer seen first, so the vote is deterministic); None when no sample has an answer."""
-    counts = Counter(a for a in answers if a is not None)
-    if not counts:
-        return None
-    top = max(counts.values())
-    winner = next(a for a in answers if a is not None and counts[a] == top)
-    return answers.index(winner)
+    """Index of the sample self-consistency picks: the first holding the answer `vote_counts` puts
+    first (so the vote is deterministic); None when no sample has an answer."""
+    counts = vote_counts(answers)
+    return answers.index(next(iter(counts))) if counts else None

@@ -4,6 +4,7 @@ training record, the bench's file, and the page under AppTest (random weights, C
 default): every section, bad input and a failing run as messages that keep the last results."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -269,3 +270,11 @@ def test_page_shows_what_a_bundled_adapter_learned(random_app: AppTest) -> None:
     if load_adapter(ADAPTERS_DIR / f"{name}.safetensors").meta:
         assert "What this fine-tune learned" in subheaders and len(at.dataframe) == 2  # learned + timings
     assert any(f"Adapter **{name}**" in m.value for m in at.markdown)
+    # Submitting the form with a trained adapter (the random-rank control hidden from the run): the run and its
+    # JSON download work (the form once stored the class's slot descriptor as the rank).
+    at.number_input(key=f"{PREFIX}-new-tokens").set_value(2)
+    at.button(key=SUBMIT).click().run()
+    assert_clean(at)
+    shown = at.session_state[f"{PREFIX}-settings"]
+    assert (shown.adapter, shown.rank, shown.max_new_tokens) == (name, MergeSettings().rank, 2)
+    json.dumps(dataclasses.asdict(shown))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from app.formatting import NO_VALUE
 from engine.config import ModelConfig
 from engine.kv_compression.lab import first_difference
 from engine.lora.anatomy import CHECKPOINT_BYTES_PER_PARAM, Footprint, adapter_params, base_params
-from engine.lora.merge_lab import MergeResult, StepTiming, result_dict
+from engine.lora.merge_lab import RANDOM, MergeResult, MergeSettings, StepTiming, file_stamp, result_dict
 from kernels.ceilings import REFERENCE_CEILINGS
 
 # What torch reports on the H200 (139.8 GiB), as the parallelism page uses: NVIDIA's "141 GB" taken as 141e9 bytes
@@ -31,6 +32,19 @@ FINE_TUNES = np.unique(np.round(np.logspace(0, 2, 41)).astype(int))  # 1 … 100
 
 # What the bars of a decode step are made of, in stacking order.
 PARTS = ("Base linears + LM head", "LoRA kernels", "Attention", "Other kernels", "Outside the kernels")
+
+
+# ---- the form -----------------------------------------------------------------------------------
+
+def form_settings(adapter: str, rank: int, prompt: str, max_new_tokens: int, batch_sizes: Iterable[int]) -> MergeSettings:
+    """The run the form asks for. A trained adapter has its own rank, so the random-rank control is ignored for
+    it and the default rank kept: the settings (the run's key) do not change with a hidden control. (Read from
+    an instance: on a slots dataclass `MergeSettings.rank` is the slot's descriptor, not 8, and that broke the
+    run's JSON.)"""
+    random = adapter == RANDOM
+    return MergeSettings(adapter=adapter, rank=int(rank) if random else MergeSettings().rank, prompt=prompt,
+                         max_new_tokens=int(max_new_tokens), batch_sizes=tuple(sorted(int(b) for b in batch_sizes)),
+                         stamp="" if random else file_stamp(adapter))
 
 
 # ---- the answers ---------------------------------------------------------------------------------

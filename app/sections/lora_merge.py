@@ -8,11 +8,11 @@ import streamlit as st
 
 from engine.lora.adapter import TARGETS
 from engine.lora.merge_lab import (BATCH_CHOICES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANDOM, RANKS, MergeResult,
-                                   MergeSettings, bundled_names, default_settings, file_stamp, resolve_adapter,
+                                   MergeSettings, bundled_names, default_settings, resolve_adapter,
                                    run_merge_lab)
 from engine.lora.anatomy import spectrum
 
-from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
+from app.analysis.lora_merge import (BENCH_COMMAND, form_settings, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
                                      learned_frame, live_deployment, load_bench, memory_frame, result_json,
                                      shaped_deployment, timing_frame, training_line)
 from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench_figure, memory_figure,
@@ -117,11 +117,7 @@ def settings_form(page: str) -> MergeSettings:
         submitted = st.form_submit_button("Merge, serve and measure", icon=":material/play_arrow:", type="primary")
     candidate = None
     if submitted:
-        random = adapter == RANDOM
-        candidate = MergeSettings(adapter=str(adapter), rank=int(rank) if random else MergeSettings.rank,
-                                  prompt=str(prompt), max_new_tokens=int(new_tokens),
-                                  batch_sizes=tuple(sorted(int(b) for b in batches)),
-                                  stamp="" if random else file_stamp(str(adapter)))
+        candidate = form_settings(str(adapter), int(rank), str(prompt), int(new_tokens), batches)
     return submitted_settings(page, candidate)
 
 

@@ -14,8 +14,8 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving_load import (SLO, WORKLOADS, LoadConfig, LoadRequest, LoadRun, RequestTiming, WorkloadSpec,
-                                 arrivals, attainment, check_sweep, goodput_rate, make_requests, percentile, run_load,
-                                 run_sweep)
+                                 arrivals, attainment, check_sweep, goodput_rate, make_requests, passes_after_miss,
+                                 percentile, run_load, run_sweep)
 from engine.serving_load.prompts import prompt_ids
 from engine.serving_load.runner import engine_config
 
@@ -95,6 +95,9 @@ def test_goodput_is_the_last_rate_before_the_first_miss() -> None:
     assert goodput_rate([(1, 1.0), (2, 0.8), (4, 0.95)], 0.9) == 1  # a lucky pass above a miss is not capacity
     assert goodput_rate([(1, 0.5)], 0.9) is None
     assert goodput_rate([(1, 0.9)], 0.9) == 1
+    # The passes the rule does not count, which the page names.
+    assert passes_after_miss([(4, 0.95), (1, 1.0), (2, 0.8), (8, 1.0)], 0.9) == [4, 8]
+    assert passes_after_miss([(1, 1.0), (2, 0.95), (4, 0.5)], 0.9) == [] == passes_after_miss([], 0.9)
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(ttft_s=0, tpot_s=1), "TTFT target"),

@@ -9,11 +9,12 @@ import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, run_sweep
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, goodput_rate, passes_after_miss, run_sweep
 from engine.serving_load import sweep as sweep_module
 
-from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, goodput_text, miss_reasons, parse_rates,
-                                      preset_rows, requests_frame, rows_to_configs, runs_frame)
+from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, goal_in_requests, goodput_text,
+                                      miss_reasons, parse_rates, passes_after_miss_text, preset_rows, requests_frame,
+                                      rows_to_configs, runs_frame)
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
@@ -53,8 +54,8 @@ def test_presets_and_rows_become_configs_or_sentences() -> None:
 def test_rates_parse_from_text() -> None:
     assert parse_rates("4, 1 2;0.5") == ((0.5, 1.0, 2.0, 4.0), None)
     assert parse_rates("1, 1, 2") == ((1.0, 2.0), None)
-    for text, match in (("", "at least one"), ("1, fast", "'fast' is not"), ("0", "between 0 and 1000"),
-                        ("nan", "between"), ("1 2 3 4 5 6 7", "at most 6")):
+    for text, match in (("", "at least one"), ("1, fast", "'fast' is not"), ("0", "above 0 and at most 1000"),
+                        ("nan", "above 0"), ("2000", "got 2000"), ("1 2 3 4 5 6 7", "at most 6")):
         rates, err = parse_rates(text)
         assert rates == () and err is not None and re.search(match, err), (text, err)
 
@@ -91,6 +92,34 @@ def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
     table = dict(zip(reqs["request"], zip(reqs["TTFT (s)"], reqs["TPOT (ms)"])))
     hovered = {tuple(c[4:]) for trace in figs[2].data for c in (trace.customdata or ())}
     assert hovered == set(table.values())
+
+
+class _Curves:
+    """A sweep's curves without runs: what `passes_after_miss_text` reads."""
+
+    def __init__(self, curves: dict[str, list[tuple[float, float]]]) -> None:
+        self.curves = curves
+        self.configs = [LoadConfig(label, 2, 64) for label in curves]
+
+    def curve(self, label: str, slo: SLO) -> list[tuple[float, float]]:
+        return self.curves[label]
+
+    def passes_after_miss(self, label: str, slo: SLO) -> list[float]:
+        return passes_after_miss(self.curves[label], slo.goal)
+
+
+def test_a_pass_above_a_miss_is_named_and_not_goodput() -> None:
+    """The review's case: 6 requests, batch cap 8 at 83 % / 100 % / 83 % for 1 / 2 / 4 req/s against a 90 % goal."""
+    slo = SLO(ttft_s=1.0, tpot_s=0.1, goal=0.9)
+    sweep = _Curves({"batch cap 2": [(1.0, 0.5), (2.0, 0.33), (4.0, 0.17)],
+                     "batch cap 8": [(1.0, 5 / 6), (2.0, 1.0), (4.0, 5 / 6)]})
+    assert goodput_rate(sweep.curve("batch cap 8", slo), slo.goal) is None
+    text = passes_after_miss_text(sweep, slo, 6)
+    assert text.startswith("batch cap 8 reaches the goal again at 2 req/s after missing it at 1 req/s. Goodput")
+    assert "a 90% goal needs all 6 to meet both targets" in text and "batch cap 2" not in text
+    assert "needs 44 of 48" in passes_after_miss_text(sweep, slo, 48)
+    assert passes_after_miss_text(_Curves({"a": [(1.0, 1.0), (2.0, 0.5)]}), slo, 6) is None
+    assert goal_in_requests(0.9, 6) == 6 and goal_in_requests(0.5, 6) == 3 and goal_in_requests(1.0, 7) == 7
 
 
 def test_times_are_written_on_their_side_of_the_target() -> None:

@@ -83,7 +83,7 @@ def parse_rates(text: str) -> tuple[tuple[float, ...], str | None]:
         except ValueError:
             return (), f"Request rates must be numbers (requests per second); {p!r} is not."
         if not (math.isfinite(r) and 0 < r <= 1000):
-            return (), f"Request rates must be between 0 and 1000 requests per second; got {p}."
+            return (), f"Request rates must be above 0 and at most 1000 requests per second; got {p}."
         rates.append(r)
     rates = sorted(set(rates))
     if len(rates) > MAX_RATES:
@@ -201,6 +201,31 @@ def goodput_text(rate: float | None, rates: Sequence[float]) -> str:
     if rate is None:
         return f"below {min(rates):g} req/s"
     return f"{rate:g} req/s" + (" (or more)" if rate == max(rates) else "")
+
+
+def goal_in_requests(goal: float, num_requests: int) -> int:
+    """How many of a run's requests must meet both targets for the run to reach the goal."""
+    return min(num_requests, math.ceil(goal * num_requests - 1e-9))
+
+
+def passes_after_miss_text(result: SweepResult, slo: SLO, num_requests: int) -> str | None:
+    """Why a configuration that reaches the goal at a rate above one it missed has a lower goodput than that
+    rate (the goodput rule stops at the first miss); None when no configuration does."""
+    found = []
+    for c in result.configs:
+        later = result.passes_after_miss(c.label, slo)
+        if later:
+            miss = next(r for r, a in result.curve(c.label, slo) if a + 1e-12 < slo.goal)
+            found.append(f"{c.label} reaches the goal again at {', '.join(f'{r:g}' for r in later)} req/s after "
+                         f"missing it at {miss:g} req/s")
+    if not found:
+        return None
+    need = goal_in_requests(slo.goal, num_requests)
+    share = (f"all {num_requests}" if need == num_requests else f"{need} of {num_requests}")
+    return ("; ".join(found) + ". Goodput counts only the rates up to the first miss: a pass above a miss is the "
+            f"luck of one run, not capacity. With {num_requests} requests a run, a {slo.goal:.0%} goal needs "
+            f"{share} to meet both targets, so one late request decides a rate; more requests a run smooth the "
+            "curve.")
 
 
 _MISSES = {"✗ TTFT": "on TTFT only", "✗ TPOT": "on TPOT only", "✗ both": "on both"}  # the table's verdicts

@@ -58,7 +58,7 @@ def attainment_figure(result: SweepResult, slo: SLO) -> go.Figure:
     fig.update_layout(
         title=dict(text="SLO attainment against load", subtitle=dict(
             text=f"Share of requests with TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {1000 * slo.tpot_s:g} ms; "
-                 "★ goodput: the highest rate still at the goal")),
+                 "★ goodput: the highest rate with it and every lower rate at the goal")),
         xaxis=_rate_axis(result.rates), yaxis=dict(title="requests meeting the SLO (%)", range=[-3, 105]),
         margin=dict(r=70))
     return fig

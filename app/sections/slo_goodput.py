@@ -13,7 +13,8 @@ from engine.serving_load.workload import make_requests
 
 from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, default_rates, default_slo,
                                       default_workload, format_rates, goodput_text, miss_reasons, parse_rates,
-                                      preset_rows, requests_frame, rows_to_configs, runs_frame, workload_line)
+                                      passes_after_miss_text, preset_rows, requests_frame, rows_to_configs,
+                                      runs_frame, workload_line)
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
@@ -35,7 +36,8 @@ def slo_explanation() -> None:
         [r"\text{TTFT}_i = t_{\text{first token}} - t_{\text{arrival}}",
          r"\text{TPOT}_i = \frac{t_{\text{last token}} - t_{\text{first token}}}{n_i - 1}",
          r"\text{attainment}(\lambda) = \frac{\#\{i : \text{TTFT}_i \le T_1 \wedge \text{TPOT}_i \le T_2\}}{N}",
-         r"\text{goodput} = \max\{\lambda : \text{attainment}(\lambda) \ge \text{goal}\}"],
+         r"\text{goodput} = \max\{\lambda : \text{attainment}(\lambda') \ge \text{goal} \text{ for every tested } "
+         r"\lambda' \le \lambda\}"],
         ["**TTFT counts the queue.** Below capacity it is one prefill; past it, requests wait for a slot and "
          "TTFT climbs steeply while TPOT barely moves.",
          "**The batch cap** sets how many requests share a step. Decode steps are memory-bound, so a bigger batch "
@@ -43,6 +45,8 @@ def slo_explanation() -> None:
          "**The token budget** caps the tokens one step computes. Small budgets cut long prompts into chunks, so "
          "running requests keep their pace (TPOT) while new ones wait longer for their first token (TTFT).",
          "**Output caps** end long answers early: slots free sooner, which helps everyone queued behind them.",
+         "**Goodput stops at the first miss.** A rate that passes above one that failed was the luck of one run, "
+         "not capacity a server can promise.",
          "**Throughput is not goodput.** The configuration with the most tokens per second can still miss the SLO; "
          "change the targets on the right of the results and watch the winner change (no re-run needed)."],
         note="λ: requests per second (Poisson arrivals), T₁ and T₂: the TTFT and TPOT targets, n_i: the tokens "
@@ -189,9 +193,12 @@ def summary_section(s: SweepSettings, result: SweepResult, slo: SLO) -> None:
         good = result.goodput(c.label, slo)
         at_top = result.run(c.label, top_rate)
         col.metric(c.label, goodput_text(good, result.rates),
-                   help=f"highest tested rate with at least {slo.goal:.0%} of requests meeting both targets")
+                   help=f"highest tested rate at which at least {slo.goal:.0%} of requests meet both targets, "
+                        "and so do they at every lower tested rate")
         col.caption(f"at {top_rate:g} req/s: {at_top.attainment(slo):.0%} met, "
                     f"{at_top.throughput_tok_s:,.0f} output tok/s")
+    if why := passes_after_miss_text(result, slo, s.num_requests):
+        st.caption(why)
     best = result.best(slo)
     fastest = max(result.configs, key=lambda c: result.run(c.label, top_rate).throughput_tok_s).label
     if best is None:

@@ -3,8 +3,8 @@
 TTFT is from the request's arrival (not from when the server got to it) to the end of the step that
 produced its first token: queueing counts, as it does for a user. TPOT is the mean gap between its later
 tokens, (last - first) / (tokens - 1). A request meets the SLO when both are within their targets;
-attainment is the share that do, and goodput is the highest tested rate at which attainment still reaches
-the goal (DistServe's definition).
+attainment is the share that do, and goodput is the highest tested rate at which attainment, and every
+lower tested rate's, still reaches the goal (DistServe's definition of the rate a server sustains).
 """
 from __future__ import annotations
 
@@ -85,6 +85,18 @@ def goodput_rate(attainment_by_rate: Iterable[tuple[float, float]], goal: float)
             break
         best = rate
     return best
+
+
+def passes_after_miss(attainment_by_rate: Iterable[tuple[float, float]], goal: float) -> list[float]:
+    """Rates above the first one that misses the goal that reach it again: the passes `goodput_rate` does not
+    count (with few requests attainment moves in coarse steps, and one late request decides a rate)."""
+    missed, out = False, []
+    for rate, share in sorted(attainment_by_rate):
+        if share + 1e-12 < goal:
+            missed = True
+        elif missed:
+            out.append(rate)
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -529,6 +529,8 @@ def test_a_choice_always_ends_as_one_of_the_choices(tiny_weights: LoadedWeights,
                                                     jump_forward: bool, seed: int, prompt: str) -> None:
     constraint = Constraint("choice", "\n".join(choices))
     assert constraint.problem() is None and constraint.choices() == choices
+    # A repeated line or blank lines add no choice.
+    assert Constraint("choice", "\n".join([*choices, " ", choices[0]])).choices() == choices
     run = _run(tiny_weights, _tiny_config(), constraint, prompt,
                SamplingParams(max_tokens=16, temperature=0.8, seed=seed), jump_forward)
     sample = run.sample()

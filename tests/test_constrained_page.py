@@ -14,7 +14,7 @@ from engine.tokenizer import default_tokenizer
 
 from app.analysis.constrained import (MODES, LastMask, ModeRun, check_settings, last_mask, library, modes_for,
                                       preset_settings, summarize, token_rows)
-from app.charts.constrained import MAX_TICK_LABELS, mask_figure, modes_figure
+from app.charts.constrained import MAX_TICK_LABELS, mask_figure, modes_figure, tick_angle
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
 
@@ -89,6 +89,9 @@ def test_summary_rows_and_charts_from_records() -> None:
     long = _sample(["free"] * 80)
     ticks = mask_figure(long, tok.vocab_size, tok).layout.xaxis2
     assert len(ticks.tickvals) <= MAX_TICK_LABELS and "every 5th" in ticks.title.text
+    # Six short tokens lie level (a rotated "{" read as "("); 16 ticks of up to 8 characters turn.
+    assert fig.layout.xaxis2.tickangle == 0 and ticks.tickangle == -60
+    assert tick_angle(["{", "↵␣", '"', "name", '":']) == 0 and tick_angle(["abcdefgh"] * 8) == -60
     runs = [ModeRun(m, "{}", v, None, 10, st, 1.0, 0.001, {}, "eos") for m, v, st in
             zip(MODES[:3], (False, True, True), (10, 10, 7))]
     fig = modes_figure(runs)

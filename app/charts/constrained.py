@@ -27,6 +27,17 @@ def _short(text: str) -> str:
     return text if len(text) <= 8 else text[:7] + "…"
 
 
+# Characters of tick text that fit level under the chart (about 600 pixels at 1280, 7 pixels a character).
+LEVEL_TICK_CHARS = 70
+
+
+def tick_angle(texts: Sequence[str]) -> int:
+    """Level when every label fits in its slot, else -60 degrees: a rotated one-character token read badly
+    ("{" turned into "(", "↵␣" lay on its side)."""
+    slot = max((len(t) for t in texts), default=0) + 2
+    return 0 if slot * len(texts) <= LEVEL_TICK_CHARS else -60
+
+
 def _nth(k: int) -> str:
     return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
 
@@ -79,7 +90,8 @@ def mask_figure(sample: dict[str, Any], vocab_size: int, tokenizer: Tokenizer,
     # degrees); the hover still names every token.
     stride = -(-len(events) // MAX_TICK_LABELS) if events else 1
     shown = xs[::stride]
-    tick = dict(tickvals=shown, ticktext=[_short(labels[i]) for i in shown], tickangle=-60,
+    texts = [_short(labels[i]) for i in shown]
+    tick = dict(tickvals=shown, ticktext=texts, tickangle=tick_angle(texts),
                 title="output token" if stride == 1 else f"output token (every {_nth(stride)} labelled)")
     fig.update_layout(
         barmode="overlay", bargap=0.15,

@@ -63,7 +63,9 @@ def constrained_strips(samples: list[dict[str, Any]], previous: dict[str, int], 
         else:
             state = "running, the grammar could end here" if s["accepting"] else "running"
         head = f"<b>{html.escape(s['label'])}</b> · {len(s['events'])} tokens · {state}"
-        if s["finish_reason"]:
+        if s["finish_reason"] == "length" and s["valid"] is False:
+            head += " · ended by length: max tokens ran out before the grammar could finish"
+        elif s["finish_reason"]:
             head += f" · ended by {html.escape(s['finish_reason'])}"
         rows.append(f'<div class="cd-row"><div class="cd-head">{head}</div>'
                     f'{strip_html(s, tokenizer, previous.get(s["label"], 0))}</div>')

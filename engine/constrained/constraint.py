@@ -61,7 +61,8 @@ class Constraint:
         return self.name or {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice"}[self.kind]
 
     def choices(self) -> list[str]:
-        return [c for c in (line.strip() for line in self.spec.splitlines()) if c]
+        """The non-blank lines, stripped, each once (a repeated choice adds nothing to the alternation)."""
+        return list(dict.fromkeys(c for c in (line.strip() for line in self.spec.splitlines()) if c))
 
     def grammar(self, flexible_whitespace: bool = False) -> str:
         """The llguidance grammar (a JSON string); ValueError when the spec is not even well-formed text.

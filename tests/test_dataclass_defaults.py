@@ -7,7 +7,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [p for d in ("engine", "kernels", "app", "pages", "bench", "training", "tests") for p in (ROOT / d).rglob("*.py")]
+SOURCES = [p for d in ("engine", "kernels", "app", "pages", "bench", "training", "tests")
+           for p in (ROOT / d).rglob("*.py")]
 
 
 def _slots_dataclass_fields(tree: ast.AST) -> dict[str, set[str]]:

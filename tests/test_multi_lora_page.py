@@ -10,7 +10,7 @@ import pytest
 
 import app.analysis.multi_lora as ml
 from app.analysis.multi_lora import (compare_deployments, row_segments, slot_history, summarize, waiting_steps)
-from app.charts.multi_lora import adapter_timeline, batch_rows_figure, comparison_figure, slots_figure
+from app.charts.multi_lora import LOAD_LINE_GAP, adapter_timeline, batch_rows_figure, comparison_figure, slots_figure
 from app.formatting import literal_markdown
 from app.registry import PAGES
 from app.scenario_library import MULTI_LORA
@@ -67,6 +67,11 @@ def test_step_views_of_a_one_slot_run(tiny_weights, tiny_adapters) -> None:  # n
     assert slots_figure(session.records[0], names).layout.shapes
     timeline = adapter_timeline(session.records, session.request_order, adapter_for, waits, events, names)
     assert any(t.name == "waiting for a slot" for t in timeline.data)
+    # Two loads in one step are two dashed lines, side by side.
+    both = [{"kind": "load", "step": 0, "adapter": "pirate", "slot": 0},
+            {"kind": "load", "step": 0, "adapter": "terse", "slot": 1}]
+    lines = adapter_timeline(session.records, session.request_order, adapter_for, waits, both, names).layout.shapes
+    assert sorted(x.x0 for x in lines) == pytest.approx([-0.5 - LOAD_LINE_GAP / 2, -0.5 + LOAD_LINE_GAP / 2])
 
 
 def test_mixed_batches_and_merged_deployments_write_the_same_tokens(tiny_weights, tiny_adapters) -> None:  # noqa: ANN001

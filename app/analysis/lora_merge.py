@@ -36,7 +36,8 @@ PARTS = ("Base linears + LM head", "LoRA kernels", "Attention", "Other kernels",
 
 # ---- the form -----------------------------------------------------------------------------------
 
-def form_settings(adapter: str, rank: int, prompt: str, max_new_tokens: int, batch_sizes: Iterable[int]) -> MergeSettings:
+def form_settings(adapter: str, rank: int, prompt: str, max_new_tokens: int,
+                  batch_sizes: Iterable[int]) -> MergeSettings:
     """The run the form asks for. A trained adapter has its own rank, so the random-rank control is ignored for
     it and the default rank kept: the settings (the run's key) do not change with a hidden control. (Read from
     an instance: on a slots dataclass `MergeSettings.rank` is the slot's descriptor, not 8, and that broke the

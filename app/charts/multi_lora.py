@@ -70,6 +70,10 @@ def slots_figure(record: StepRecord, adapters: list[str]) -> go.Figure:
     return fig
 
 
+# Steps between the dashed lines of adapters loaded in the same step.
+LOAD_LINE_GAP = 0.14
+
+
 def adapter_timeline(records: list[StepRecord], order: list[str], adapter_for, waiting: dict[str, list[int]],
                      events: list[dict], adapters: list[str], selected: int | None = None) -> go.Figure:
     """Every request (rows) over the engine steps: a cell where it ran, coloured by its adapter; an open
@@ -95,10 +99,13 @@ def adapter_timeline(records: list[StepRecord], order: list[str], adapter_for, w
         fig.add_scatter(x=wx, y=wy, mode="markers", name="waiting for a slot",
                         marker=dict(symbol="square-open", size=13, color="#111827", line=dict(width=2)),
                         hovertemplate="%{y} waits at step %{x}: every slot is pinned<extra></extra>")
-    for e in events:
-        if e["kind"] == "load":
-            fig.add_vline(x=e["step"] - 0.5, line=dict(color=adapter_color(e["adapter"], adapters), dash="dash",
-                                                       width=2))
+    loads = [e for e in events if e["kind"] == "load"]
+    for e in loads:
+        # Loads in one step side by side in the gap before it (drawn on one x, two loads read as one).
+        same = [x for x in loads if x["step"] == e["step"]]
+        offset = (same.index(e) - (len(same) - 1) / 2) * LOAD_LINE_GAP
+        fig.add_vline(x=e["step"] - 0.5 + offset, line=dict(color=adapter_color(e["adapter"], adapters),
+                                                            dash="dash", width=2))
     if selected is not None:
         fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2))
     last = records[-1].step if records else 0

@@ -187,7 +187,7 @@ def _batch_line(record: StepRecord) -> str:
         elif b.num_tokens > 1:
             what = "a chunk: the prompt's rest, or a recompute"
         else:
-            what = "1 token"
+            what = "decode"
         parts.append(f"{b.request_id}: {plural(b.num_tokens, 'token')} ({what})")
     forced = sum(1 for e in record.emitted if e.forced)
     tail = f" · jump-forward wrote {plural(forced, 'token')}" if forced else ""

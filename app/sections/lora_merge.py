@@ -12,9 +12,9 @@ from engine.lora.merge_lab import (BATCH_CHOICES, MAX_NEW_TOKENS, MAX_PROMPT_CHA
                                    run_merge_lab)
 from engine.lora.anatomy import spectrum
 
-from app.analysis.lora_merge import (BENCH_COMMAND, form_settings, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
-                                     learned_frame, live_deployment, load_bench, memory_frame, result_json,
-                                     shaped_deployment, timing_frame, training_line)
+from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
+                                     form_settings, learned_frame, live_deployment, load_bench, memory_frame,
+                                     result_json, shaped_deployment, timing_frame, training_line)
 from app.charts.lora_merge import (WAY_COLORS, WAY_LABELS, anatomy_figure, bench_figure, memory_figure,
                                    spectrum_figure, step_time_figure)
 from app.formatting import NO_VALUE, fmt_bytes, fmt_duration, plural

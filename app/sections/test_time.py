@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.config import EngineConfig
-from engine.test_time import TestTimeEngine, accuracy_curve, load_tasks, run_task_set, single_sample_accuracy
+from engine.test_time import RULES, TestTimeEngine, accuracy_curve, load_tasks, run_task_set, single_sample_accuracy
 from engine.test_time.tasks import answer_key
 from engine.trace import StepRecord
 
@@ -133,8 +133,8 @@ def _batch_line(record: StepRecord) -> str:
     parts = []
     for b in record.batch:
         what = "prompt" if b.context_len - b.num_tokens == 0 else ("forced text + last token" if b.num_tokens > 1
-                                                                  else "1 token")
-        parts.append(f"{b.request_id}: {b.num_tokens} ({what})")
+                                                                  else "decode")
+        parts.append(f"{b.request_id}: {plural(b.num_tokens, 'token')} ({what})")
     forced = [e for e in record.emitted if e.forced]
     tail = (f" · forced this step: {', '.join(sorted({e.request_id + ' ' + e.forced for e in forced}))}"
             if forced else "")
@@ -245,8 +245,9 @@ def accuracy_section(session: EngineSession, page: str) -> None:
         show_figure(scaling_curve_figure(points, closed_form=closed), key="ttc-scaling", height=400)
         table = pd.DataFrame([{"N": p.k, "rule": p.rule, "accuracy (%)": 100 * p.accuracy,
                                "tokens per question": p.tokens_per_question} for p in points])
-        wide = table.pivot(index="N", columns="rule", values="accuracy (%)").reset_index()
-        rules = [c for c in wide.columns if c != "N"]
+        # In the legend's order (a pivot sorts its columns by name, putting the oracle between the other two).
+        rules = [r for r in RULES if r in set(table["rule"])]
+        wide = table.pivot(index="N", columns="rule", values="accuracy (%)").reset_index()[["N", *rules]]
         # The x axis of the chart: every rule reads the same N samples, so one token count per N.
         wide.insert(1, "tokens per question", table.groupby("N")["tokens per question"].first().to_numpy())
         st.dataframe(wide, hide_index=True, width="stretch", column_config={

@@ -7,5 +7,5 @@ from engine.serving_load.sweep import SweepResult, check_sweep, run_sweep
 from engine.serving_load.workload import WORKLOADS, LoadRequest, WorkloadSpec, arrivals, make_requests
 
 __all__ = ["SLO", "WORKLOADS", "LoadConfig", "LoadRequest", "LoadRun", "RequestTiming", "StepSample", "SweepResult",
-           "WorkloadSpec", "arrivals", "attainment", "check_sweep", "goodput_rate", "make_requests", "passes_after_miss",
-           "percentile", "run_load", "run_sweep"]
+           "WorkloadSpec", "arrivals", "attainment", "check_sweep", "goodput_rate", "make_requests",
+           "passes_after_miss", "percentile", "run_load", "run_sweep"]

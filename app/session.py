@@ -53,8 +53,11 @@ class EngineSession:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def reset(self, scenario: Scenario | None = None) -> bool:
-        """Fresh engine and empty timeline for `scenario` (default: the current one). On a bad
-        engine config the old engine and records stay and the error is recorded."""
+        """Fresh engine and empty timeline for `scenario` (default: the current one). On a bad engine
+        config the old engine and records stay and the error is recorded. So they do when a new scenario
+        has a request the new engine refuses (a pool too small for it, chunked prefill turned off under a
+        small token budget): the run on screen is not traded for a scenario that would run without it."""
+        changing = self.engine is not None and scenario is not None and scenario != self.scenario
         scenario = scenario or self.scenario
         t0 = time.perf_counter()
         try:
@@ -62,10 +65,17 @@ class EngineSession:
         except ValueError as e:
             self.errors.append(SessionError(f"Engine settings rejected: {e}"))
             return False
+        before = (self.scenario, self.engine, self.records, self.errors, self.request_order, self.specs)
         self.scenario, self.engine = scenario, engine
         self.records, self.errors, self.request_order, self.specs = [], [], [], {}
         for spec in scenario.requests:
             self.add_request(spec)
+        refused = [e.message for e in self.errors]
+        if changing and refused:
+            self.scenario, self.engine, self.records, self.errors, self.request_order, self.specs = before
+            for message in refused:
+                self.report(f"The scenario was not applied, so the run below is the one before. {message}")
+            return False
         self.built_seconds = time.perf_counter() - t0
         return True
 

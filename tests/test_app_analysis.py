@@ -40,6 +40,27 @@ def test_session_keeps_records_through_errors(random_weights) -> None:  # noqa: 
     assert s.run(10) == 2 and not s.has_work and s.step() is None
 
 
+def test_a_scenario_with_a_request_that_does_not_fit_keeps_the_run(random_weights) -> None:  # noqa: ANN001
+    """The new scenario's engine refuses one of its requests (the pool is too small for it): the old run, its
+    engine and its requests stay, and the message says the scenario was not applied and why."""
+    s = EngineSession.create(tiny([RequestSpec("Hi", max_tokens=3, chat=False)]), random_weights, SERVER)
+    s.step()
+    engine, records = s.engine, list(s.records)
+    small_pool = tiny([RequestSpec("Hi", max_tokens=3, chat=False), RequestSpec("word " * 20, max_tokens=8, chat=False)],
+                      num_blocks=2)
+    assert s.reset(small_pool) is False
+    assert s.engine is engine and s.records == records and s.request_order == ["r0"] and s.scenario.name == "tiny"
+    assert s.scenario.engine["num_blocks"] == 32
+    (error,) = s.errors
+    assert error.message.startswith("The scenario was not applied, so the run below is the one before. Request")
+    assert "more KV blocks than the whole pool" in error.message and "raise num_blocks" in error.message
+    assert s.run(10) == 2 and not s.has_work  # and the old run goes on
+    # Restarting the current scenario, or one whose requests all fit, still starts afresh.
+    assert s.reset() is True and s.records == [] and s.request_order == ["r0"]
+    assert s.reset(tiny([RequestSpec("Bye", max_tokens=2, chat=False)], num_blocks=8)) is True
+    assert s.scenario.engine["num_blocks"] == 8 and not s.errors
+
+
 def test_cow_and_gantt_from_records(random_weights) -> None:  # noqa: ANN001
     sc = tiny([RequestSpec("One two three four five six", chat=False, max_tokens=4, temperature=0.9, seed=1, n=2,
                            ignore_eos=True),

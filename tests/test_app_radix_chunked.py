@@ -199,6 +199,12 @@ def test_radix_follow_up_turn(random_app: AppTest) -> None:
     assert_clean(at)
     first = next(b for r in session.records[n:] for b in r.batch if b.request_id == "shot0+1")
     assert first.num_cached_tokens >= 150  # prompt + answer of shot0 came from the tree
+    # An empty message is a message on the page, not a silent no-op.
+    sent = len(session.specs)
+    at.text_input(key="radix-follow-msg").set_value("  ")
+    at.button(key="FormSubmitter:radix-follow-form-Send (arrives at step %d)" % len(session.records)).click().run()
+    assert not at.exception and len(session.specs) == sent
+    assert any("next user message is empty" in e.value for e in at.error)
 
 
 def test_chunked_page_steps_scrubs_and_compares(random_app: AppTest) -> None:
@@ -217,6 +223,16 @@ def test_chunked_page_steps_scrubs_and_compares(random_app: AppTest) -> None:
     assert_clean(at)
     assert any(m.label == "Worst stall, prefill-first" for m in at.metric)
     assert len(at.get("plotly_chart")) >= 5
+    # Chunked prefill off under the scenario's 64-token budget: the long prompt cannot be prefilled in one step,
+    # so the edit is refused with why, and the six steps on screen stay (not traded for a run without it).
+    at.checkbox(key="chunked-ed0-cp").uncheck()
+    at.button(key="FormSubmitter:chunked-ed0-form-Apply and restart the engine").click().run()
+    assert not at.exception
+    (error,) = [e.value for e in at.error]
+    assert error.startswith("The scenario was not applied, so the run below is the one before. Request long")
+    assert "cannot be prefilled in one step" in error and "raise max_num_batched_tokens" in error
+    assert session.records is at.session_state["engine-session:chunked"].records and len(session.records) == 6
+    assert session.scenario.engine.get("chunked_prefill", True) is True
 
 
 @pytest.mark.parametrize("page_file,prefix", [("06_radix_prefix_cache.py", "radix"),

@@ -110,6 +110,9 @@ def follow_up_section(session: EngineSession, record: StepRecord | None) -> None
             rid = st.selectbox("Conversation", [q.request_id for q in done], key="radix-follow-id")
             message = st.text_input("Next user message", "Say that again more simply.", key="radix-follow-msg")
             go = st.form_submit_button(f"Send (arrives at step {session.engine.step_index})")
+        if go and not str(message).strip():  # said like "Add a request now" says it, not silently dropped
+            session.report("Message not sent: the next user message is empty; type what the user says next.")
+            st.rerun()
         if go and str(message).strip():
             tok = session.weights.tokenizer
             answer = session.engine.tokenizer.decode(session.generated_token_ids(rid, len(session.records) - 1))

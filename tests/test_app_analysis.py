@@ -46,8 +46,8 @@ def test_a_scenario_with_a_request_that_does_not_fit_keeps_the_run(random_weight
     s = EngineSession.create(tiny([RequestSpec("Hi", max_tokens=3, chat=False)]), random_weights, SERVER)
     s.step()
     engine, records = s.engine, list(s.records)
-    small_pool = tiny([RequestSpec("Hi", max_tokens=3, chat=False), RequestSpec("word " * 20, max_tokens=8, chat=False)],
-                      num_blocks=2)
+    small_pool = tiny([RequestSpec("Hi", max_tokens=3, chat=False),
+                       RequestSpec("word " * 20, max_tokens=8, chat=False)], num_blocks=2)
     assert s.reset(small_pool) is False
     assert s.engine is engine and s.records == records and s.request_order == ["r0"] and s.scenario.name == "tiny"
     assert s.scenario.engine["num_blocks"] == 32

@@ -97,6 +97,23 @@ def test_paged_attention_after_run_to_end_points_at_the_fullest_step(random_app:
     assert at.metric[0].value == f"{peak.pool.used_blocks} / {peak.pool.num_blocks}"
 
 
+def test_kv_cache_after_run_to_end_points_at_the_fullest_step(random_app: AppTest) -> None:
+    """The review's case: after Run to end the metrics read 0 tokens and 0 B; the page says where the cache held
+    most (by tokens, which the metrics count) instead of leaving a student with zeros."""
+    at = open_page(random_app, "01_kv_cache.py")
+    at.button(key="kv-btn-end").click().run()
+    assert_clean(at)
+    records = session_of(at, "kv").records
+    peak = max(records, key=lambda r: r.pool.filled_tokens)
+    assert records[-1].pool.filled_tokens == 0 < peak.pool.filled_tokens
+    (hint,) = [i.value for i in at.info if "held most at step" in i.value]
+    assert f"It held most at step {peak.step}: {peak.pool.filled_tokens:,} tokens" in hint
+    at.slider(key="kv-scrub").set_value(peak.step).run()
+    assert_clean(at)
+    assert not any("held most at step" in i.value for i in at.info)
+    assert at.metric[0].value == f"{peak.pool.filled_tokens:,}"
+
+
 def test_paged_charts_of_an_empty_pool_say_so(random_weights) -> None:  # noqa: ANN001
     from app.charts.block_pool import waste_over_time
     from app.charts.block_tables import block_table_grid, mapping_graph

@@ -50,6 +50,18 @@ def test_merge_equals_one_pass(n: int, hkv: int, group: int, d: int, splits: int
             assert p.m == float("-inf") and p.l == 0.0 and p.weight == 0.0
 
 
+def test_the_scores_chart_writes_counts_in_words_and_a_title_that_fits() -> None:
+    from app.charts.split_kv import split_scores_chart
+
+    q, k, v = _inputs(1, 3, 3, 64, 0)
+    one = split_scores_chart(split_kv_decode(q, k, v, 0.125, 4, 16, head=3))
+    assert one.layout.title.text == "Head 3: 1 key in 1 tile of 16, dealt to 4 splits"  # not "1 keys in 1 tiles"
+    assert len(one.layout.xaxis.title.text) <= 52  # a half-width chart at 1280 px cut the longer one
+    q, k, v = _inputs(40, 3, 3, 64, 0)
+    assert "40 keys in 3 tiles of 16, dealt to 1 split" in split_scores_chart(
+        split_kv_decode(q, k, v, 0.125, 1, 16)).layout.title.text
+
+
 def test_tile_owners() -> None:
     assert tile_owners(7, 3, "interleaved") == (0, 1, 2, 0, 1, 2, 0)  # split s: tiles s, s + S, ...
     assert tile_owners(7, 3, "contiguous") == (0, 0, 0, 1, 1, 1, 2)  # ceil(7 / 3) = 3 tiles each

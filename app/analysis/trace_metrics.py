@@ -5,10 +5,11 @@ earlier step, or a trace loaded from JSON.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
-from engine.trace import StepRecord
+from engine.trace import PoolSummary, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +158,14 @@ def tokens_by_owner(record: StepRecord) -> dict[str, int]:
         owner = record.pool.owners[b] or "?"
         out[owner] = out.get(owner, 0) + f
     return out
+
+
+def fullest_before(record: StepRecord, history: list[StepRecord],
+                   measure: Callable[[PoolSummary], int] = lambda pool: pool.used_blocks) -> StepRecord | None:
+    """The step of `history` whose pool held the most (blocks, or what `measure` counts), when `record`'s pool
+    holds nothing and that one's does: after Run to end every request has returned its blocks, and an empty
+    view is right but teaches nothing."""
+    if measure(record.pool) or not history:
+        return None
+    fullest = max(history, key=lambda r: measure(r.pool))
+    return fullest if measure(fullest.pool) else None

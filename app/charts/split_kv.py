@@ -10,6 +10,7 @@ from kernels.split_kv_trace import SplitKVTrace
 
 from app.analysis.split_kv import PlanCell, SplitBench
 from app.charts.colors import tint
+from app.formatting import plural
 from app.theme import BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
 
 # Okabe-Ito without black and without the tile chart's blue/orange pair doing other work: eight splits
@@ -50,13 +51,14 @@ def split_scores_chart(trace: SplitKVTrace) -> go.Figure:
                        text=f"M = max over splits of m_s = {trace.m:.3f}", font=dict(color=MUTED))
     fig.add_scatter(x=[None], y=[None], mode="markers", name="each split's max m_s",
                     marker=dict(size=12, symbol="diamond", color=MUTED))
-    fig.update_layout(title=f"Head {trace.head}: {n:,} keys in {trace.num_tiles} tiles of {bn}, "
-                            f"dealt to {trace.splits} {'split' if trace.splits == 1 else 'splits'}",
+    fig.update_layout(title=f"Head {trace.head}: {plural(n, 'key')} in {plural(trace.num_tiles, 'tile')} of {bn}, "
+                            f"dealt to {plural(trace.splits, 'split')}",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
     pad = max(1.0, 0.02 * n)  # room for a diamond on the first or last key
     lo = min(scores)
     span = max(trace.m - lo, 1.0)
-    fig.update_xaxes(title_text="key position (background: the split that streams each K tile)",
+    # Short enough for a half-width chart at 1280 pixels (the longer title lost its closing parenthesis).
+    fig.update_xaxes(title_text="key position (shade: the split streaming its tile)",
                      range=[-0.5 - pad, n - 0.5 + pad], zeroline=False, showgrid=False)
     fig.update_yaxes(title_text="scaled score q·k / √d", range=[lo - 0.08 * span, trace.m + 0.22 * span])
     return fig

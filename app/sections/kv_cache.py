@@ -10,6 +10,7 @@ from engine.trace import StepRecord
 from app.analysis.cache_timing import measure_cache_vs_recompute
 from app.analysis.kv_math import (DTYPE_BYTES, attention_variants, kv_bytes_per_token, mla_latent_dims,
                                   variant_bytes_per_token)
+from app.analysis.trace_metrics import fullest_before
 from app.charts.kv_cache import bytes_vs_tokens, cache_timing, head_variants, kv_growth, long_context
 from app.formatting import fmt_bytes
 from app.runtime import server_engine_settings, shared_weights
@@ -67,6 +68,12 @@ def growth_section(session: EngineSession, record: StepRecord | None, history: l
                 help=f"{pool.used_blocks} blocks × {pool.block_size} slots × {per_token:,} bytes")
     c[3].metric("Whole pool", fmt_bytes(pool.num_blocks * pool.block_size * per_token),
                 help=f"{pool.num_blocks} blocks allocated up front as one tensor")
+    if fullest := fullest_before(record, history, lambda pool: pool.filled_tokens):
+        full = fullest.pool
+        st.info(f"Every request has finished and its blocks went back to the pool, so the cache holds nothing now. "
+                f"It held most at step {fullest.step}: {full.filled_tokens:,} tokens, "
+                f"{fmt_bytes(full.filled_tokens * per_token)}; drag the timeline there, or read the chart below.",
+                icon=":material/history:")
     left, right = st.columns([1.4, 1])
     with left:
         show_figure(kv_growth(history, per_token, session.request_order), key="kv-growth", height=380,

@@ -5,7 +5,7 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.trace_metrics import cow_events
+from app.analysis.trace_metrics import cow_events, fullest_before
 from app.charts.block_pool import block_pool_grid, waste_over_time
 from app.charts.block_tables import block_table_grid, mapping_graph, mapping_graph_height
 from app.session import EngineSession
@@ -68,9 +68,7 @@ def pool_section(session: EngineSession, record: StepRecord, history: list[StepR
                 f"{100 * pool.contiguous_waste_fraction:.1f}%" if pool.contiguous_reserved_tokens else "–",
                 help=f"{pool.contiguous_waste_tokens} of {pool.contiguous_reserved_tokens} slots if each live "
                      "sequence reserved max_model_len")
-    fullest = max(history, key=lambda r: r.pool.used_blocks)
-    if pool.used_blocks == 0 and fullest.pool.used_blocks:
-        # After Run to end every request has freed its blocks: an empty grid is right, but teaches nothing.
+    if fullest := fullest_before(record, history):
         st.info(f"Every request has finished and returned its blocks to the free list. The pool was fullest at "
                 f"step {fullest.step} ({fullest.pool.used_blocks} of {pool.num_blocks} blocks): drag the timeline "
                 "there to see the blocks and tables in use.", icon=":material/history:")

@@ -91,7 +91,7 @@ def test_summary_rows_and_charts_from_records() -> None:
     assert len(ticks.tickvals) <= MAX_TICK_LABELS and "every 5th" in ticks.title.text
     # Six short tokens lie level (a rotated "{" read as "("); 16 ticks of up to 8 characters turn.
     assert fig.layout.xaxis2.tickangle == 0 and ticks.tickangle == -60
-    assert tick_angle(["{", "↵␣", '"', "name", '":']) == 0 and tick_angle(["abcdefgh"] * 8) == -60
+    assert tick_angle(["{", "↵␣", '"', "name", '":']) == 0 and tick_angle(["abcdefgh"] * 12) == -60
     runs = [ModeRun(m, "{}", v, None, 10, st, 1.0, 0.001, {}, "eos") for m, v, st in
             zip(MODES[:3], (False, True, True), (10, 10, 7))]
     fig = modes_figure(runs)

@@ -27,8 +27,9 @@ def _short(text: str) -> str:
     return text if len(text) <= 8 else text[:7] + "…"
 
 
-# Characters of tick text that fit level under the chart (about 600 pixels at 1280, 7 pixels a character).
-LEVEL_TICK_CHARS = 70
+# Characters of tick text that fit level under the chart (a full-width plot is about 740 pixels at 1280, a
+# 12-pixel label about 7 pixels a character).
+LEVEL_TICK_CHARS = 100
 
 
 def tick_angle(texts: Sequence[str]) -> int:

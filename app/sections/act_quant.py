@@ -4,8 +4,10 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.act_quant.lab import (ALPHAS, EVAL_CHAT, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, SWEEPABLE, VARIANTS,
-                                  ActLabResult, ActLabSettings, stored_lab)
+                                  ActLabResult, ActLabSettings, Progress, stored_lab)
+from engine.result_store import StoredResult
 from engine.weight_quant.texts import WINDOW
+from engine.weights import LoadedWeights
 
 from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, channel_view, fp8_speedup,
                                     median_channel_levels, outlier_frame, result_json, results_frame, worst_layer)
@@ -87,9 +89,16 @@ def settings_form(page: str) -> ActLabSettings:
     return submitted_settings(page, candidate)
 
 
+def lab_run(weights: LoadedWeights, s: ActLabSettings,
+            progress: Progress | None = None) -> StoredResult[ActLabResult]:
+    """The lab, read back from disk when it ran before: what the page runs and what `python3 -m app.prewarm`
+    computes ahead of a class."""
+    return stored_lab(weights, s, progress)
+
+
 def get_result(page: str, s: ActLabSettings) -> ActLabResult | None:
-    def run(bar) -> ActLabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return stored_lab(shared_weights(), s, progress_reporter(bar))
+    def run(bar) -> StoredResult[ActLabResult]:  # noqa: ANN001 (a Streamlit progress bar)
+        return lab_run(shared_weights(), s, progress_reporter(bar))
 
     return page_run(page, s, run, "Quantizing…", "The run failed")
 

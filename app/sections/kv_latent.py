@@ -6,7 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from engine.kv_latent.lab import (KIND_LABELS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANKS, LatentLabResult,
-                                  LatentSettings, full_rank, stored_latent_lab)
+                                  LatentSettings, Progress, full_rank, stored_latent_lab)
+from engine.result_store import StoredResult
+from engine.weights import LoadedWeights
 
 from app.analysis.kv_math import PUBLISHED_CACHES
 from app.charts.kv_latent import KIND_COLORS, published_figure, spectrum_figure, tradeoff_figure
@@ -92,6 +94,13 @@ def _settings_form(page: str) -> LatentSettings:
     return submitted_settings(lab, candidate)
 
 
+def lab_run(weights: LoadedWeights, s: LatentSettings,
+            progress: Progress | None = None) -> StoredResult[LatentLabResult]:
+    """The latent-cache lab, read back from disk when it ran before: what the page runs and what
+    `python3 -m app.prewarm` computes ahead of a class."""
+    return stored_latent_lab(weights, s, progress)
+
+
 def latent_lab_section(page: str) -> None:
     lab = f"{page}-mla"
     st.markdown("#### A latent cache on the live model")
@@ -102,8 +111,8 @@ def latent_lab_section(page: str) -> None:
                 "the K and V the model actually produces on calibration text, which is what attention reads.")
     settings = _settings_form(page)
 
-    def run(bar) -> LatentLabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return stored_latent_lab(shared_weights(), settings, progress_reporter(bar))
+    def run(bar) -> StoredResult[LatentLabResult]:  # noqa: ANN001 (a Streamlit progress bar)
+        return lab_run(shared_weights(), settings, progress_reporter(bar))
 
     result = run_on_request(lab, settings, run, "Factoring and scoring…", "The latent-cache run failed",
                             "Press **Factor, score and answer** (about 30 s on an idle 2-core CPU the first time: the "

@@ -4,8 +4,10 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.weight_quant.lab import (GROUPS, MAX_CALIBRATION_TOKENS, MAX_NEW_TOKENS, METHOD_LABELS, METHODS,
-                                     LabResult, LabSettings, stored_lab)
+                                     LabResult, LabSettings, Progress, stored_lab)
+from engine.result_store import StoredResult
 from engine.weight_quant.texts import CALIBRATION_SETS, WINDOW
+from engine.weights import LoadedWeights
 
 from app.analysis.kv_math import weights_bytes
 from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode_bound_tok_s, layer_frame, load_bench,
@@ -110,10 +112,16 @@ def settings_form(page: str) -> LabSettings:
     return submitted_settings(page, candidate)
 
 
+def lab_run(weights: LoadedWeights, s: LabSettings, progress: Progress | None = None) -> StoredResult[LabResult]:
+    """The lab at the server's device and dtype, read back from disk when it ran before: what the page runs and
+    what `python3 -m app.prewarm` computes ahead of a class."""
+    return stored_lab(weights, s, device(), dtype_name(), progress)
+
+
 def get_result(page: str, s: LabSettings) -> LabResult | None:
     """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
-    def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return stored_lab(shared_weights(), s, device(), dtype_name(), progress_reporter(bar))
+    def run(bar) -> StoredResult[LabResult]:  # noqa: ANN001 (a Streamlit progress bar)
+        return lab_run(shared_weights(), s, progress_reporter(bar))
 
     return page_run(page, s, run, "Quantizing…", "The run failed")
 

@@ -128,6 +128,11 @@ def test_paged_charts_of_an_empty_pool_say_so(random_weights) -> None:  # noqa: 
     for fig in (block_table_grid(last, s.request_order), mapping_graph(last, s.request_order)):
         assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False  # no bare axes
         assert any("no sequence holds blocks" in a.text or "free list" in a.text for a in fig.layout.annotations)
+    # Both panels keep their titles and a subtitle line, so the two titles stand at one height.
+    grid, graph = block_table_grid(last, s.request_order), mapping_graph(last, s.request_order)
+    assert (grid.layout.title.text, graph.layout.title.text) == ("Block tables", "Logical → physical")
+    assert grid.layout.title.subtitle.text
+    assert graph.layout.title.subtitle.text == "no sequence holds blocks at this step"
     # Waste with nothing allocated is undefined: a gap in both lines (the metric shows "–"), not a drop to 0 %.
     contig, paged = waste_over_time(s.records).data[:2]
     assert contig.y[-1] is None and paged.y[-1] is None

@@ -117,8 +117,11 @@ def mapping_graph(record: StepRecord, order: list[str], height: int = GRAPH_MAX_
     fig = go.Figure()
     if not tables:
         # Bare axes with a 0-4 grid read as a broken chart: say it inside an empty frame instead.
-        fig.update_layout(title="No sequence holds blocks at this step", xaxis=dict(visible=False),
-                          yaxis=dict(visible=False))
+        # The same title and subtitle lines as with tables (and as the tables' panel beside it): a lone title
+        # sat at another height than its neighbour's.
+        fig.update_layout(title=dict(text="Logical → physical",
+                                     subtitle=dict(text="no sequence holds blocks at this step")),
+                          xaxis=dict(visible=False), yaxis=dict(visible=False), margin=dict(l=10, r=10, t=60, b=10))
         fig.add_annotation(text="every block is on the free list", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(color=MUTED, size=14))
         return fig

@@ -132,12 +132,20 @@ def test_page_under_apptest(random_app) -> None:  # noqa: ANN001
     assert list(answers.index) == [q.request_id for q in session.records[-1].requests]
     assert all(text == literal_markdown(q.text)
                for text, q in zip(answers["answer so far"], session.records[-1].requests))
-    # A scenario naming an adapter the engine does not have: a message, and the other requests still run.
+    # A scenario naming an adapter the engine does not have: a message, and the run on screen stays and goes on
+    # (not traded for the scenario without that request); the corrected file then runs.
     data = {"name": "Unknown adapter", "engine": {"max_loras": 1, "max_lora_rank": 8},
             "requests": [{"prompt": "Hi", "max_tokens": 3, "adapter": "nope"},
                          {"prompt": "Hello", "max_tokens": 3, "adapter": "pirate"}]}
+    before = session.scenario.name
     upload_scenario(at, PREFIX, json.dumps(data).encode())
     assert not at.exception
-    assert any("not registered" in e.value for e in at.error)
+    assert any("not applied" in e.value and "not registered" in e.value for e in at.error)
+    at.button(key=f"{PREFIX}-btn-step").click().run()
+    assert not at.exception and len(session_of(at, PREFIX).records) == 4
+    assert session_of(at, PREFIX).scenario.name == before != "Unknown adapter"
+    data["requests"] = data["requests"][1:]
+    upload_scenario(at, PREFIX, json.dumps(data).encode(), "fixed.json")
     at.button(key=f"{PREFIX}-btn-step").click().run()
     assert not at.exception and len(session_of(at, PREFIX).records) == 1
+    assert session_of(at, PREFIX).scenario.name == "Unknown adapter"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+import engine.lora.merge_lab as merge_lab
 from engine.lora import random_adapter, save_adapter
 from engine.lora.adapter import TARGETS, hf_weight_name, target_shape
 from engine.lora.anatomy import adapter_params, anatomy, base_params, spectrum
@@ -184,6 +185,26 @@ def test_settings_and_bundled_adapters(tiny_weights, tmp_path) -> None:  # noqa:
         resolve_adapter(tiny_weights.config, "pirate", 8, tmp_path)
 
 
+def test_a_run_is_kept_on_disk_and_read_back_whole(tiny_weights, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The lab's result survives the disk store, its adapter given back from the settings (its tensors are not
+    kept: about 10 MB at rank 8 on the real model); a second call runs nothing."""
+    import engine.result_store as store
+
+    monkeypatch.setattr(store, "memo_dir", lambda: tmp_path)
+    first = merge_lab.stored_merge_lab(tiny_weights, SMALL)
+    monkeypatch.setattr(merge_lab, "run_merge_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    again = merge_lab.stored_merge_lab(tiny_weights, SMALL)
+    assert not first.from_disk and again.from_disk
+    assert again.value.merged.token_ids == first.value.merged.token_ids
+    assert [t.step_seconds for t in again.value.timings] == [t.step_seconds for t in first.value.timings]
+    key = (0, TARGETS[0])
+    assert all(torch.equal(x, y) for x, y in zip(again.value.adapter.weights[key], first.value.adapter.weights[key]))
+    (entry,) = tmp_path.glob("lora-merge-lab-*.pkl")
+    assert b"LoraAdapter" not in entry.read_bytes()
+    with pytest.raises(ValueError, match="prompt is empty"):  # settings are checked before anything else
+        merge_lab.stored_merge_lab(tiny_weights, dataclasses.replace(SMALL, prompt=" "))
+
+
 def test_bench_file(tmp_path) -> None:  # noqa: ANN001
     rows = [{"rank": r, "batch": b, "merged_ms": 10.0 * b, "unmerged_ms": 11.0 * b + r, "lora_ms": 1.0}
             for r in (8, 64) for b in (1, 8)]
@@ -226,7 +247,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     advice = next(m.value for m in at.markdown if m.value.startswith("**Merge**"))
     assert f"the LoRA kernels' {lora_ms.min():.3g} to {lora_ms.max():.3g} ms a step above are gone" in advice
     # Another linear's spectrum comes from the run's adapter (nothing runs again).
-    monkeypatch.setattr(section, "run_merge_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
+    monkeypatch.setattr(merge_lab, "run_merge_lab", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran again")))
     at.selectbox(key=f"{PREFIX}-sv-target-random-r4").set_value("down").run()
     at.number_input(key=f"{PREFIX}-sv-layer-random-r4").set_value(3).run()
     assert_clean(at)
@@ -242,7 +263,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("out of memory (simulated)")
 
-    monkeypatch.setattr(section, "run_merge_lab", broken)
+    monkeypatch.setattr(merge_lab, "run_merge_lab", broken)
     at.text_input(key=f"{PREFIX}-prompt").set_value("Name a fruit.")
     at.button(key=SUBMIT).click().run()
     assert not at.exception

@@ -2,10 +2,13 @@
 page opened on a prepared machine shows it at once (read back, saying so) and runs nothing."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 import engine.act_quant.lab as aq_lab
 import engine.kv_latent.lab as latent_lab
+import engine.lora.merge_lab as merge_lab
 import engine.result_store as store
 import engine.weight_quant.lab as wq_lab
 from app import prewarm, state
@@ -15,6 +18,13 @@ from tests.test_weight_quant_page import PAGE, PREFIX
 
 # The cheapest real weight-quantization result (one method, two tokens), standing in for the default run's.
 ONE_METHOD = LabSettings(methods=("rtn",), bits=4, group=64, calibration_tokens=64, max_new_tokens=2)
+
+
+@dataclass(frozen=True)
+class _MergeStandIn:
+    """What the LoRA lab's stand-in returns: like its result, a record with an adapter field."""
+
+    adapter: object = None
 
 
 def _never(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -36,13 +46,14 @@ def test_prewarm_stores_each_default_run_where_the_page_reads_it(random_app, ran
     monkeypatch.setattr(wq_lab, "run_lab", stand_in("weight", small))
     monkeypatch.setattr(aq_lab, "run_lab", stand_in("activation", "activation result"))
     monkeypatch.setattr(latent_lab, "run_latent_lab", stand_in("latent", "latent result"))
+    monkeypatch.setattr(merge_lab, "run_merge_lab", stand_in("lora", _MergeStandIn()))
     lines: list[str] = []
     first = prewarm.prewarm(random_weights, log=lines.append)
-    assert ran == ["weight", "activation", "latent"] and not any(r.from_disk for r in first)
-    assert sum("computed in" in line and "and stored" in line for line in lines) == 3
+    assert ran == ["weight", "activation", "latent", "lora"] and not any(r.from_disk for r in first)
+    assert sum("computed in" in line and "and stored" in line for line in lines) == 4
     again = prewarm.prewarm(random_weights, log=lines.append)
-    assert ran == ["weight", "activation", "latent"] and all(r.from_disk for r in again)
-    assert sum("already on disk" in line for line in lines) == 3
+    assert ran == ["weight", "activation", "latent", "lora"] and all(r.from_disk for r in again)
+    assert sum("already on disk" in line for line in lines) == 4
 
     # The weight-quantization page at its default settings, on a fresh server: read back, nothing run.
     monkeypatch.setattr(wq_lab, "run_lab", _never)

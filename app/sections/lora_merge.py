@@ -8,8 +8,10 @@ import streamlit as st
 
 from engine.lora.adapter import TARGETS
 from engine.lora.merge_lab import (BATCH_CHOICES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS, RANDOM, RANKS, MergeResult,
-                                   MergeSettings, bundled_names, default_settings, resolve_adapter,
-                                   run_merge_lab)
+                                   MergeSettings, Progress, bundled_names, default_settings, resolve_adapter,
+                                   stored_merge_lab)
+from engine.result_store import StoredResult
+from engine.weights import LoadedWeights
 from engine.lora.anatomy import spectrum
 
 from app.analysis.lora_merge import (BENCH_COMMAND, H200_BYTES, LLAMA_8B, adapter_changes_at, divergence, examples,
@@ -121,10 +123,16 @@ def settings_form(page: str) -> MergeSettings:
     return submitted_settings(page, candidate)
 
 
+def lab_run(weights: LoadedWeights, s: MergeSettings, progress: Progress | None = None) -> StoredResult[MergeResult]:
+    """The lab at the server's device and dtype, read back from disk when it ran before: what the page runs and
+    what `python3 -m app.prewarm` computes ahead of a class."""
+    return stored_merge_lab(weights, s, progress, device(), dtype_name())
+
+
 def get_result(page: str, s: MergeSettings) -> MergeResult | None:
     """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress bar)."""
-    def run(bar) -> MergeResult:  # noqa: ANN001 (a Streamlit progress bar)
-        return run_merge_lab(shared_weights(), s, progress_reporter(bar), device(), dtype_name())
+    def run(bar) -> StoredResult[MergeResult]:  # noqa: ANN001 (a Streamlit progress bar)
+        return lab_run(shared_weights(), s, progress_reporter(bar))
 
     return page_run(page, s, run, "Merging and serving…", "The run failed")
 

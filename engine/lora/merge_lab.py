@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +28,7 @@ from engine.lora.adapter import ADAPTERS_DIR, LoraAdapter, load_adapter, random_
 from engine.lora.anatomy import Anatomy, Footprint, Spectrum, anatomy, footprint, spectrum
 from engine.lora.merge import merged_state_dict
 from engine.model import release_prepared
+from engine.result_store import StoredResult, stored_run
 from engine.sampling_params import SamplingParams
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
@@ -317,7 +318,8 @@ class MergeResult:
     lora_backend: str  # "torch" / "triton": the lora family's implementation
     merge_seconds: float
     seconds: float
-    adapter: LoraAdapter = field(repr=False)  # kept for other linears' spectra
+    # Kept for other linears' spectra (None only inside `stored_merge_lab`'s disk entry, which names it instead).
+    adapter: LoraAdapter | None = field(repr=False)
 
     @property
     def base(self) -> Answer:
@@ -415,3 +417,17 @@ def result_dict(r: MergeResult) -> dict:
                       "adapter_flops_per_token": fp.adapter_flops, "served_lora_flops_per_token": fp.served_flops},
         "merge_seconds": r.merge_seconds, "seconds": r.seconds,
     }
+
+
+def stored_merge_lab(weights: LoadedWeights, settings: MergeSettings, progress: Progress | None = None,
+                     device: str = "cpu", dtype: str = "float32") -> StoredResult[MergeResult]:
+    """`run_merge_lab`'s result, kept on disk for CPU weights (engine/result_store.py) like the quantization labs':
+    the same weights, settings (a bundled adapter's file version among them) and code give it back at once, with
+    when it was computed, so its step times are the ones measured then. The adapter's tensors (about 10 MB for
+    rank 8 on every linear) are not kept: the settings name it, and `resolve_adapter` gives it back."""
+    settings.check()
+    stored = stored_run("lora-merge-lab", weights, settings,
+                        lambda: replace(run_merge_lab(weights, settings, progress, device, dtype), adapter=None),
+                        device=device, dtype=dtype)
+    adapter = resolve_adapter(weights.config, settings.adapter, settings.rank)
+    return replace(stored, value=replace(stored.value, adapter=adapter))

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, goodput_rate, passes_after_miss, run_sweep
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, goodput_rate, run_sweep
 from engine.serving_load import sweep as sweep_module
 
 from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, goal_in_requests, goodput_text,
@@ -103,9 +103,6 @@ class _Curves:
 
     def curve(self, label: str, slo: SLO) -> list[tuple[float, float]]:
         return self.curves[label]
-
-    def passes_after_miss(self, label: str, slo: SLO) -> list[float]:
-        return passes_after_miss(self.curves[label], slo.goal)
 
 
 def test_a_pass_above_a_miss_is_named_and_not_goodput() -> None:

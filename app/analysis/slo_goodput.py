@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from engine.serving_load import SLO, WORKLOADS, LoadConfig, LoadRun, RequestTiming, SweepResult
+from engine.serving_load import (SLO, WORKLOADS, LoadConfig, LoadRun, RequestTiming, SweepResult, passes_after_miss,
+                                 reaches_goal)
 from engine.serving_load.sweep import MAX_CONFIGS, MAX_RATES
 
 # Rows of the configuration table. The presets each turn one knob and hold the others.
@@ -213,9 +214,10 @@ def passes_after_miss_text(result: SweepResult, slo: SLO, num_requests: int) -> 
     rate (the goodput rule stops at the first miss); None when no configuration does."""
     found = []
     for c in result.configs:
-        later = result.passes_after_miss(c.label, slo)
+        curve = result.curve(c.label, slo)
+        later = passes_after_miss(curve, slo.goal)
         if later:
-            miss = next(r for r, a in result.curve(c.label, slo) if a + 1e-12 < slo.goal)
+            miss = next(r for r, a in curve if not reaches_goal(a, slo.goal))
             found.append(f"{c.label} reaches the goal again at {', '.join(f'{r:g}' for r in later)} req/s after "
                          f"missing it at {miss:g} req/s")
     if not found:

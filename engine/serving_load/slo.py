@@ -75,13 +75,18 @@ def attainment(timings: Sequence[RequestTiming], slo: SLO) -> float:
     return sum(t.meets(slo) for t in timings) / len(timings)
 
 
+def reaches_goal(share: float, goal: float) -> bool:
+    """Whether an attainment reaches the goal (a float's last bit below it still does: 0.9 from 9 of 10)."""
+    return share + 1e-12 >= goal
+
+
 def goodput_rate(attainment_by_rate: Iterable[tuple[float, float]], goal: float) -> float | None:
     """The highest rate whose attainment reaches the goal with every lower tested rate reaching it too;
     None when even the lowest rate misses. A rate that passes above one that failed is luck of the draw,
     not capacity, so the first failure ends the search."""
     best = None
     for rate, share in sorted(attainment_by_rate):
-        if share + 1e-12 < goal:
+        if not reaches_goal(share, goal):
             break
         best = rate
     return best
@@ -92,7 +97,7 @@ def passes_after_miss(attainment_by_rate: Iterable[tuple[float, float]], goal: f
     count (with few requests attainment moves in coarse steps, and one late request decides a rate)."""
     missed, out = False, []
     for rate, share in sorted(attainment_by_rate):
-        if share + 1e-12 < goal:
+        if not reaches_goal(share, goal):
             missed = True
         elif missed:
             out.append(rate)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from engine.serving_load.runner import LoadConfig, LoadRun, new_engine, run_load
-from engine.serving_load.slo import SLO, goodput_rate, passes_after_miss
+from engine.serving_load.slo import SLO, goodput_rate
 from engine.serving_load.workload import WorkloadSpec, make_requests
 from engine.weights import LoadedWeights
 
@@ -42,10 +42,6 @@ class SweepResult:
 
     def goodput(self, label: str, slo: SLO) -> float | None:
         return goodput_rate(self.curve(label, slo), slo.goal)
-
-    def passes_after_miss(self, label: str, slo: SLO) -> list[float]:
-        """Tested rates that reach the goal above a lower rate that missed it (not counted as goodput)."""
-        return passes_after_miss(self.curve(label, slo), slo.goal)
 
     def best(self, slo: SLO) -> str | None:
         """The configuration with the highest goodput (ties: higher attainment summed over rates); None when

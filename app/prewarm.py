@@ -1,11 +1,11 @@
 """Compute the labs' default runs ahead of a class: `python3 -m app.prewarm`.
 
-The weight- and activation-quantization pages run their lab when first opened (1-2 minutes on a 2-core CPU),
-the LoRA merge page its own (about 20 s), and the latent KV cache's button about half a minute. Their results
-are kept on disk (engine/result_store.py), so once this has run, every visitor of a server on this machine,
-restarted or not, sees them at once with when they were computed. Only CPU results are kept (a GPU run is
-fast, and hashing its weights would copy them back first), so on a GPU server this says so and stops. Same
-weights, device and dtype as the app (INFERSCOPE_WEIGHTS, INFERSCOPE_DEVICE).
+The weight- and activation-quantization pages run their lab when first opened (1-2 minutes on a 2-core CPU), the
+LoRA merge and KV compression pages theirs (about 20 s each), and the latent KV cache's button about half a
+minute. Their results are kept on disk (engine/result_store.py), so once this has run, every visitor of a server
+on this machine, restarted or not, sees them at once with when they were computed. Only CPU results are kept (a
+GPU run is fast, and hashing its weights would copy them back first), so on a GPU server this says so and stops.
+Same weights, device and dtype as the app (INFERSCOPE_WEIGHTS, INFERSCOPE_DEVICE).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from engine.weight_quant.lab import LabSettings
 from engine.weights import LoadedWeights, load_weights
 
 from app.runtime import device, dtype_name, weights_mode
-from app.sections import act_quant, kv_latent, lora_merge, weight_quant
+from app.sections import act_quant, kv_compression, kv_latent, lora_merge, weight_quant
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,9 @@ LABS: tuple[Lab, ...] = (
     Lab("activation quantization (page 18)", lambda w, p: act_quant.lab_run(w, ActLabSettings(), p)),
     Lab("latent KV cache (KV cache page)", lambda w, p: kv_latent.lab_run(w, LatentSettings(), p)),
     Lab("LoRA merge or serve (page 16)", lambda w, p: lora_merge.lab_run(w, merge_defaults(), p)),
+    Lab("KV cache quantization and eviction (page 13)",
+        lambda w, p: kv_compression.lab_run(w, kv_compression.default_settings(),
+                                            lambda done, total: p("every cache generating", done / max(1, total)))),
 )
 
 

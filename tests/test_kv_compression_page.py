@@ -3,11 +3,14 @@ sections, the eviction preset with its kept-token map, bad input as messages tha
 plus the page's table parsing, memory table and charts on a small real lab run."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import engine.result_store as store
 from engine.kv_compression import FORMATS, KVLab, Variant
 from engine.kv_compression.policies import EvictionPolicy
 
@@ -122,10 +125,11 @@ def test_text_segments_split_at_the_first_difference() -> None:
     assert text_segments([4], [0], decode) == [("e", False)]
 
 
-def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTest,
+def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTest, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """One AppTest (each page load runs the default comparison, ~12 s): the default run's sections, then the
-    eviction preset, then bad input."""
+    eviction preset, then bad input. Runs are kept in a folder of its own, so none is an earlier suite's."""
+    monkeypatch.setattr(store, "memo_dir", lambda: tmp_path)
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert [s.value for s in at.subheader] == SECTIONS

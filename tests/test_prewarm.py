@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import engine.act_quant.lab as aq_lab
+import engine.kv_compression.lab as kv_lab
 import engine.kv_latent.lab as latent_lab
 import engine.lora.merge_lab as merge_lab
 import engine.result_store as store
@@ -14,6 +15,7 @@ import engine.weight_quant.lab as wq_lab
 from app import prewarm, state
 from engine.weight_quant.lab import LabSettings
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
+from tests.test_kv_compression_page import PAGE as KV_PAGE
 from tests.test_weight_quant_page import PAGE, PREFIX
 
 # The cheapest real weight-quantization result (one method, two tokens), standing in for the default run's.
@@ -47,13 +49,17 @@ def test_prewarm_stores_each_default_run_where_the_page_reads_it(random_app, ran
     monkeypatch.setattr(aq_lab, "run_lab", stand_in("activation", "activation result"))
     monkeypatch.setattr(latent_lab, "run_latent_lab", stand_in("latent", "latent result"))
     monkeypatch.setattr(merge_lab, "run_merge_lab", stand_in("lora", _MergeStandIn()))
+    hi = random_weights.tokenizer.chat_prompt_ids("Hi")
+    kv_small = kv_lab.KVLab(random_weights).run(hi, [kv_lab.Variant("int4")], 2)
+    monkeypatch.setattr(kv_lab.KVLab, "run", stand_in("kv", kv_small))
+    labs = ["weight", "activation", "latent", "lora", "kv"]
     lines: list[str] = []
     first = prewarm.prewarm(random_weights, log=lines.append)
-    assert ran == ["weight", "activation", "latent", "lora"] and not any(r.from_disk for r in first)
-    assert sum("computed in" in line and "and stored" in line for line in lines) == 4
+    assert ran == labs and not any(r.from_disk for r in first)
+    assert sum("computed in" in line and "and stored" in line for line in lines) == len(labs)
     again = prewarm.prewarm(random_weights, log=lines.append)
-    assert ran == ["weight", "activation", "latent", "lora"] and all(r.from_disk for r in again)
-    assert sum("already on disk" in line for line in lines) == 4
+    assert ran == labs and all(r.from_disk for r in again)
+    assert sum("already on disk" in line for line in lines) == len(labs)
 
     # The weight-quantization page at its default settings, on a fresh server: read back, nothing run.
     monkeypatch.setattr(wq_lab, "run_lab", _never)
@@ -61,6 +67,11 @@ def test_prewarm_stores_each_default_run_where_the_page_reads_it(random_app, ran
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert at.session_state[f"{PREFIX}-settings"] == LabSettings()
+    assert any("Read back from this machine's disk cache" in c.value for c in at.caption)
+    # So does the KV compression page, whose lab is built from the prompt's tokens rather than a settings record.
+    monkeypatch.setattr(kv_lab.KVLab, "run", _never)
+    at = open_page(random_app, KV_PAGE)
+    assert_clean(at)
     assert any("Read back from this machine's disk cache" in c.value for c in at.caption)
 
 

@@ -23,6 +23,12 @@ from app.scenarios import Scenario
 from app.session import EngineSession, SessionError
 
 BENCH_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "spec_cpu.json"
+ALL_DRAFTERS_BENCH = BENCH_PATH.with_name("spec_cpu_all_drafters.json")
+# The commands that write those two files (bench/spec.py's docstring gives the same; a test holds them equal).
+BENCH_COMMAND = ("OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram early_exit draft_model "
+                 "--workloads copy chat --prompts 2")
+ALL_DRAFTERS_BENCH_COMMAND = ("OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes 8 24 64 --tree-depth 6 "
+                              f"--tree-topk 8 --max-tokens 48 --out bench/results/{ALL_DRAFTERS_BENCH.name}")
 DRAFTER_LABELS = {"plain": "plain decoding", "none": "plain decoding", "ngram": "prompt lookup (n-gram)",
                   "early_exit": "early exit", "draft_model": "distilled draft model", "medusa": "Medusa heads",
                   "eagle": "EAGLE layer"}

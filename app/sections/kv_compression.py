@@ -8,7 +8,9 @@ import streamlit as st
 import torch
 
 from engine.kv_compression import FORMATS, KVLab, LabResult
-from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS
+from engine.kv_compression.lab import MAX_NEW_TOKENS, MAX_VARIANTS, ProgressFn, stored_lab_run
+from engine.result_store import StoredResult
+from engine.weights import LoadedWeights
 
 from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOICES, PRESETS, PROMPTS,
                                          RETRIEVAL_NEEDLES, LabSettings, answer_found, check_tokens, kept_counts,
@@ -167,14 +169,24 @@ def server_lab() -> KVLab:
     return _lab(id(shared_weights().state_dict), device(), dtype_name())
 
 
+def lab_run(weights: LoadedWeights, s: LabSettings, progress: ProgressFn | None = None,
+            lab: KVLab | None = None) -> StoredResult[LabResult]:
+    """The lab at the server's device and dtype, read back from disk when it ran before: what the page runs and
+    what `python3 -m app.prewarm` computes ahead of a class. `lab`: one built on `weights` already (the page's
+    server-wide one)."""
+    lab = lab or KVLab(weights, device=device(), dtype=getattr(torch, dtype_name()))
+    return stored_lab_run(lab, weights, weights.tokenizer.chat_prompt_ids(s.prompt), s.variants, s.max_new_tokens,
+                          progress)
+
+
 def get_result(page: str, s: LabSettings) -> LabResult:
-    """The run for these settings (`page_run`: this tab's, the server's, or computed now with a progress
-    bar); a failure with nothing run before stops the page after its message."""
-    def run(bar) -> LabResult:  # noqa: ANN001 (a Streamlit progress bar)
+    """The run for these settings (`page_run`: this tab's, the server's, from disk, or computed now with a
+    progress bar); a failure with nothing run before stops the page after its message."""
+    def run(bar) -> StoredResult[LabResult]:  # noqa: ANN001 (a Streamlit progress bar)
         def progress(done: int, total: int) -> None:
             bar.progress(done / max(1, total), text=f"Generating token {done + 1} of {total + 1} for every variant…")
 
-        return server_lab().run(prompt_ids(s.prompt), list(s.variants), s.max_new_tokens, progress=progress)
+        return lab_run(shared_weights(), s, progress, server_lab())
 
     result = page_run(page, (s.prompt, s.max_new_tokens, s.variants), run, "Running every variant on the model…",
                       "The run failed")

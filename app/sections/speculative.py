@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import (DRAFTER_LABELS, bench_c, bench_rows, chain_rows, compare_drafters,
+from app.analysis.speculative import (BENCH_COMMAND, DRAFTER_LABELS, bench_c, bench_rows, chain_rows, compare_drafters,
                                       current_gamma, expected_tokens_per_pass, load_bench, measured_c,
                                       predicted_speedup, round_sentence, rule_caption, spec_series, speedup_vs_plain,
                                       step_rounds, step_skipped)
@@ -201,8 +201,7 @@ def bench_section() -> None:
     with st.expander(":material/table_chart: The CPU benchmark: bench/results/spec_cpu.json (measured vs predicted)",
                      expanded=True):
         if not bench:
-            st.caption("No benchmark file: run `OMP_NUM_THREADS=1 python bench/spec.py --repeats 2 --drafters ngram "
-                       "early_exit draft_model --workloads copy chat --prompts 2`.")
+            st.caption(f"No benchmark file: run `{BENCH_COMMAND}`.")
             return
         st.caption(f"`{bench.get('command', 'bench/spec.py')}` · {bench.get('model')} on {bench.get('device')}, "
                    f"{bench.get('threads')} thread(s), {bench.get('max_tokens')} new tokens per prompt, greedy, "

@@ -6,7 +6,8 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import BENCH_PATH, DRAFTER_LABELS, load_bench, speedup_vs_plain
+from app.analysis.speculative import (ALL_DRAFTERS_BENCH, ALL_DRAFTERS_BENCH_COMMAND, DRAFTER_LABELS, load_bench,
+                                     speedup_vs_plain)
 from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tokens_per_round, round_sentence,
                                     training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
@@ -24,8 +25,6 @@ from app.widgets.round_picker import latest_rounds, pick_round
 from app.widgets.spec_metrics import drafting_time_metric, step_tokens_metric
 
 TREE_DRAFTERS = ("eagle", "medusa")
-# Every drafter on the same prompts (bench/spec.py with tree node budgets); page 07 reads spec_cpu.json.
-ALL_DRAFTERS_BENCH = BENCH_PATH.with_name("spec_cpu_all_drafters.json")
 
 
 def tree_explanation() -> None:
@@ -169,9 +168,7 @@ def bench_section() -> None:
     with st.expander(":material/table_chart: The CPU benchmark: every drafter on the same prompts "
                      f"(bench/results/{ALL_DRAFTERS_BENCH.name})", expanded=True):
         if not bench or not any(r["drafter"] in TREE_DRAFTERS for r in bench.get("rows", [])):
-            st.caption("No benchmark file yet: run `OMP_NUM_THREADS=1 python bench/spec.py --gammas 2 4 --tree-nodes "
-                       "8 24 64 --tree-depth 6 --tree-topk 8 --max-tokens 48 "
-                       f"--out bench/results/{ALL_DRAFTERS_BENCH.name}`.")
+            st.caption(f"No benchmark file yet: run `{ALL_DRAFTERS_BENCH_COMMAND}`.")
             return
         rows = []
         for r in bench["rows"]:

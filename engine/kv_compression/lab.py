@@ -29,6 +29,7 @@ from engine.kv_compression.formats import FORMATS, KVFormat, get_format, round_t
 from engine.kv_compression.policies import EvictionPolicy
 from engine.kv_compression.store import make_store
 from engine.model import LlamaModel, apply_rope
+from engine.result_store import StoredResult, stored_run
 from engine.weights import LoadedWeights
 from kernels.dispatch import Kernels
 
@@ -449,3 +450,15 @@ class KVLab:
                 errors[name][1].append(float((vr - V).norm() / V.norm()))
         return (np.stack(k_abs), np.stack(v_abs),
                 {name: (np.array(ek), np.array(ev)) for name, (ek, ev) in errors.items()})
+
+
+def stored_lab_run(lab: KVLab, weights: LoadedWeights, prompt_ids: Sequence[int], variants: Sequence[Variant],
+                   max_new_tokens: int, progress: ProgressFn | None = None) -> StoredResult[LabResult]:
+    """`lab.run`'s result, kept on disk for CPU weights (engine/result_store.py) like the other labs': the same
+    weights (those `lab` was built on), prompt, variants, length and code give it back at once, with when it was
+    computed, so its attention times are the ones measured then."""
+    ids, chosen = list(prompt_ids), list(variants)
+    lab.check(ids, chosen, max_new_tokens)  # bad input is a message, never a disk lookup
+    settings = (tuple(ids), tuple(chosen), max_new_tokens)
+    return stored_run("kv-compression-lab", weights, settings, lambda: lab.run(ids, chosen, max_new_tokens, progress),
+                      device=lab.device.type, dtype=str(lab.dtype).removeprefix("torch."))

@@ -426,8 +426,9 @@ def stored_merge_lab(weights: LoadedWeights, settings: MergeSettings, progress: 
     when it was computed, so its step times are the ones measured then. The adapter's tensors (about 10 MB for
     rank 8 on every linear) are not kept: the settings name it, and `resolve_adapter` gives it back."""
     settings.check()
+    adapter = resolve_adapter(weights.config, settings.adapter, settings.rank)  # once, for the run and the read-back
     stored = stored_run("lora-merge-lab", weights, settings,
-                        lambda: replace(run_merge_lab(weights, settings, progress, device, dtype), adapter=None),
+                        lambda: replace(run_merge_lab(weights, settings, progress, device, dtype, adapter=adapter),
+                                        adapter=None),
                         device=device, dtype=dtype)
-    adapter = resolve_adapter(weights.config, settings.adapter, settings.rank)
     return replace(stored, value=replace(stored.value, adapter=adapter))

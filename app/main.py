@@ -46,7 +46,7 @@ nav.update({section: [_page(p) for p in specs] for section, specs in pages_by_se
 current = st.navigation(nav, position="sidebar")
 
 apply_presentation_css()
-presentation_controls()
+presentation_controls(nav, current)
 sidebar_status()
 # On a GPU each visitor's script run is GPU work that another visitor's CUDA graph capture must not overlap
 # (kernels/device_gate.py); engine steps in Play's fragment reruns hold the gate themselves.

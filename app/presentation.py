@@ -2,9 +2,14 @@
 Plotly template through `app.theme.show_figure`."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import streamlit as st
+from streamlit.navigation.page import StreamlitPage
 
 KEY = "presentation"
+GO_KEY = "presentation-go"
+CARRY_KEY = "presentation-carry"
 
 _BASE_CSS = """
 <style>
@@ -79,6 +84,8 @@ _PRESENT_CSS = """
 
 
 def presentation_on() -> bool:
+    if st.session_state.pop(CARRY_KEY, False):  # set before a switch of page, which drops the toggle's state
+        st.session_state[KEY] = True
     return bool(st.session_state.get(KEY, False))
 
 
@@ -92,9 +99,21 @@ def apply_presentation_css() -> None:
         st.markdown(_PRESENT_CSS, unsafe_allow_html=True)
 
 
-def presentation_controls() -> None:
-    """The toggle lives in the sidebar; while the sidebar is hidden, an exit button sits on the page."""
+def presentation_controls(pages: Mapping[str, Sequence[StreamlitPage]], current: StreamlitPage) -> None:
+    """The toggle lives in the sidebar; while the sidebar is hidden, an exit button and a page picker (`pages`:
+    the navigation's, by section) sit on the page, so a lecturer changes topic without leaving the mode. A
+    select box rather than a menu of links: a menu stayed open over the next page."""
     st.sidebar.toggle("Presentation mode", key=KEY, help="Larger fonts and charts, sidebar hidden")
-    if presentation_on():
+    if not presentation_on():
+        return
+    listed = {p.url_path: p for entries in pages.values() for p in entries if p.visibility != "hidden"}
+    picked = st.session_state.get(GO_KEY)
+    if picked in listed and picked != current.url_path:
+        st.session_state[CARRY_KEY] = True  # a switch from inside a run forgets the toggle: carry it over
+        st.switch_page(listed[picked])
+    st.session_state[GO_KEY] = current.url_path  # the picker shows the page on screen
+    with st.container(horizontal=True, gap="small", vertical_alignment="center"):
         st.button("Exit presentation mode", key="presentation-exit", icon=":material/close_fullscreen:",
                   on_click=_exit, type="tertiary")
+        st.selectbox("Go to page", list(listed), format_func=lambda path: listed[path].title, key=GO_KEY,
+                     label_visibility="collapsed", width=360)

@@ -1,4 +1,5 @@
-"""Ready-made scenarios, small enough to step comfortably on a 2-core CPU (~0.1-0.3 s a step).
+"""Ready-made scenarios, small enough to step comfortably on a 2-core CPU (a decode step 50-150 ms, a prefill of
+a few hundred tokens up to a second).
 
 Each page offers its own list; the first is the page's default. Prompts go through the chat
 template (SmolLM2 adds a ~30-token system turn), so every prompt is at least a couple of blocks.

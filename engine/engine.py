@@ -24,6 +24,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import PENDING, ForcedTokens, Sequence, SeqStatus
 from engine.pool_view import light_pool_summary, memory_split, pool_summary
+from engine.tokenizer import Tokenizer
 from engine.trace import (BlockTableView, EmittedToken, MemorySplit, PoolSummary, RequestState,
                           ScheduledSeq, StepRecord)
 from engine.weights import LoadedWeights, load_weights
@@ -54,6 +55,17 @@ class GenerationResult:
     @property
     def text(self) -> str:
         return self.samples[0].text
+
+
+def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+    """A request's prompt as token ids: text encoded, chat messages through the chat template, ids as given."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
 
 
 class LLMEngine:
@@ -152,13 +164,7 @@ class LLMEngine:
         return self.kernels.description
 
     def tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
-        raise ValueError("prompt must be a string, a list of token ids or a list of chat messages")
+        return tokenize_prompt(self.tokenizer, prompt)
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """The prompt's token ids if this engine can serve the request; else ValueError naming the field."""
@@ -181,8 +187,12 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs more KV "
                              f"blocks than the whole pool has ({cfg.num_blocks} x {cfg.block_size} tokens)")
         if not cfg.chunked_prefill and len(ids) + params.max_tokens > cfg.max_num_batched_tokens:
+            # prompt + max_tokens, not the prompt alone: a preempted request is prefilled again with its output
+            # so far, and without chunking that must fit one step too.
             raise ValueError(f"prompt ({len(ids)} tokens) cannot be prefilled in one step: chunked prefill is "
-                             f"off and max_num_batched_tokens={cfg.max_num_batched_tokens}")
+                             f"off and max_num_batched_tokens={cfg.max_num_batched_tokens}, which must hold the "
+                             f"prompt and max_tokens ({params.max_tokens}) together, since a preempted request "
+                             "is prefilled again with its output so far")
         return ids
 
     def add_request(self, prompt: Prompt, params: SamplingParams = SamplingParams(),

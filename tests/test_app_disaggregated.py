@@ -7,7 +7,12 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
+from engine.config import EngineConfig
 from engine.disaggregated import ClusterStepRecord
+from engine.disaggregated.side_by_side import RequestInput
+from engine.sampling_params import SamplingParams
+
+from app.analysis.disaggregated import unchunked_config
 from tests.apptest_helpers import assert_clean, open_page, random_app, session_of, upload_scenario  # noqa: F401
 
 PAGE, PREFIX = "10_disaggregated.py", "disagg"
@@ -47,10 +52,13 @@ def test_page_steps_scrubs_and_resets(random_app: AppTest) -> None:
 def test_bad_input_is_a_message_and_keeps_the_records(random_app: AppTest) -> None:
     at = open_page(random_app, PAGE)
     at.button(key=f"{PREFIX}-btn-step").click().run()
-    at.number_input(key=f"{PREFIX}-live-n").set_value(2)
+    # The form offers one sample a request, all this engine serves (it offered 8, then refused n = 2).
+    n = at.number_input(key=f"{PREFIX}-live-n")
+    assert n.max == 1 and n.disabled
+    at.text_input(key=f"{PREFIX}-live-prompt").set_value("   ")
     at.button(key=f"FormSubmitter:{PREFIX}-live-form-Add (arrives at step 1)").click().run()
     assert not at.exception
-    assert any("n must be 1" in e.value for e in at.error)
+    assert any("the prompt must not be empty" in e.value for e in at.error)
     assert len(session_of(at, PREFIX).records) == 1
     # A scenario with speculative decoding is refused by the two-worker engine; the old one keeps running.
     bad = {"name": "spec", "engine": {"spec_drafter": "ngram"}, "requests": [{"prompt": "Hi", "max_tokens": 3}]}
@@ -82,3 +90,15 @@ def test_small_decode_pool_scenario_shows_handoffs_waiting(random_app: AppTest) 
     assert metrics["Same tokens all three ways"] == "yes"
     assert {"Worst stall: colocated", "Worst stall: chunked", "Worst stall: disaggregated"} <= set(metrics)
     assert len(at.get("plotly_chart")) >= 6  # + the time-between-tokens panels and the TTFT bars
+
+
+def test_the_colocated_baseline_prefills_each_prompt_in_one_step(random_weights) -> None:  # noqa: ANN001
+    """The scenario's engine chunks by default, so under a 64-token budget "colocated" and "chunked" were one run:
+    the baseline turns chunking off and raises the budget to the longest request, never lowers it."""
+    inputs = [RequestInput("long", "word " * 100, SamplingParams(max_tokens=8)),
+              RequestInput("short", "Hi", SamplingParams(max_tokens=4))]
+    need = len(random_weights.tokenizer.encode("word " * 100)) + 8
+    small = unchunked_config(EngineConfig(max_num_batched_tokens=64, chunked_prefill=True), inputs, random_weights)
+    assert not small.chunked_prefill and small.max_num_batched_tokens == need > 64
+    big = unchunked_config(EngineConfig(max_num_batched_tokens=512), inputs, random_weights)
+    assert not big.chunked_prefill and big.max_num_batched_tokens == 512

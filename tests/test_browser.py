@@ -19,6 +19,7 @@ from tests.streamlit_server import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit
 
 VIEWPORT = {"width": 1600, "height": 1000}
 PROJECTOR = {"width": 1280, "height": 1000}  # a lecture-hall projector
+SMALL_PROJECTOR = {"width": 1024, "height": 768}  # an older one
 SCRIPT_TIMEOUT_MS = 240_000  # a step is 0.1-0.3 s on an idle 2-core CPU, much more when it is shared
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -667,7 +668,7 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert_tables_fit(page)
     shoot(page, "11_test_time_compute_step3")
     click_button(page, "Measure accuracy vs N")
-    page.get_by_text("Measured now", exact=False).first.wait_for()
+    page.get_by_text("Measured in this session", exact=False).first.wait_for()
     wait_idle(page)
     assert_clean(page)
     assert plotly_count(page) >= 3
@@ -833,8 +834,20 @@ def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     assert_clean(page)
     assert_tables_fit(page)
     shoot(page, "03_paged_attention_presentation")
+    # The page picker beside the exit button changes topic without leaving presentation mode (the sidebar, the
+    # only navigation, is hidden in it).
+    page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name="Chunked prefill").first.click()
+    wait_idle(page)
+    assert page.url.rstrip("/").endswith("/chunked-prefill")
+    assert not page.locator('[data-testid="stSidebar"]').is_visible()
+    assert_clean(page)
     click_button(page, "Exit presentation mode")
     assert page.locator('[data-testid="stSidebar"]').is_visible()
+    # A small projector with the sidebar open: the engine controls keep their labels ("S.", "P.", "Ru…" once).
+    page.set_viewport_size(SMALL_PROJECTOR)
+    open_page(page, server, "kv-cache")
+    assert_buttons_fit(page)
 
 
 def test_editor_and_kernel_panels(server, page) -> None:  # noqa: ANN001

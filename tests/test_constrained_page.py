@@ -76,6 +76,12 @@ def test_summary_rows_and_charts_from_records() -> None:
     s = summarize(sample)
     assert s.tokens == 6 and s.kinds == {"free": 2, "steered": 1, "only": 1, "forced": 2} and s.masked_tokens == 4
     assert s.mean_mask_us == pytest.approx(20.0) and s.forbidden_mass == pytest.approx(0.25)
+    # A slow first mask (a quarter of a second, as one sample's first took) moves the mean, not the median.
+    sample["events"][0]["mask_seconds"] = 0.25
+    slow = summarize(sample)
+    assert slow.median_mask_seconds == pytest.approx(2e-5) and slow.slowest_mask == (0, 0.25)
+    assert slow.mean_mask_us > 60_000 and slow.median_wait_seconds == pytest.approx(2e-5)
+    sample["events"][0]["mask_seconds"] = 2e-5
     rows = token_rows(sample, tok)
     assert [r["tokens allowed"] for r in rows] == [50, 50, 1, None, None, 50]
     # The last mask, counted from 1; one before jump-forward tokens says how many followed it.

@@ -45,6 +45,9 @@ def test_charts_of_one_step_draw_points(random_weights) -> None:  # noqa: ANN001
     assert "markers" in batch_over_steps(first, ["r0"]).data[-1].mode
     both = [*first, engine.step()]
     assert all(t.mode == "lines" for t in kv_growth(both, 2 * 30 * 3 * 64 * 4, ["r0"]).data)
+    # Held and reserved are both drawn as steps, so the held area never rises above the reserved line between two
+    # steps (a sloped area did, where a prompt landed).
+    assert all(t.line.shape == "hv" for t in kv_growth(both, 2 * 30 * 3 * 64 * 4, ["r0"]).data)
 
 
 def test_a_trend_inside_the_noise_is_called_flat() -> None:

@@ -4,16 +4,17 @@ that re-read the runs without re-running them, and bad input as messages that ke
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.serving_load import SLO, WORKLOADS, LoadConfig, WorkloadSpec, goodput_rate, run_sweep
+from engine.serving_load import SLO, WORKLOADS, LoadConfig, SweepResult, WorkloadSpec, goodput_rate, run_sweep
 from engine.serving_load import sweep as sweep_module
 
-from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, goal_in_requests, goodput_text,
-                                      miss_reasons, parse_rates, passes_after_miss_text, preset_rows, requests_frame,
+from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, faster_than, goal_in_requests,
+                                      goodput_text, miss_reasons, parse_rates, passes_after_miss_text, preset_rows, requests_frame,
                                       rows_to_configs, runs_frame)
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.registry import PAGES
@@ -172,3 +173,32 @@ def test_page_runs_rereads_targets_and_keeps_results_on_bad_input(random_app: Ap
     assert not at.exception
     assert [e.value for e in at.error] == ["The load test failed: out of memory (simulated)"]
     assert len(at.metric) == 2 and len(at.get("plotly_chart")) == 4
+
+
+class _Scored(_Curves):
+    """Curves plus each configuration's throughput at every rate: what `leaders` and `faster_than` read."""
+
+    def __init__(self, curves: dict[str, list[tuple[float, float]]], tok_s: dict[str, float]) -> None:
+        super().__init__(curves)
+        self.tok_s = tok_s
+
+    def goodput(self, label: str, slo: SLO) -> float | None:
+        return goodput_rate(self.curve(label, slo), slo.goal)
+
+    def run(self, label: str, rate: float) -> SimpleNamespace:
+        return SimpleNamespace(throughput_tok_s=self.tok_s[label])
+
+
+def test_a_tie_is_a_tie_and_noise_is_not_a_different_winner() -> None:
+    """The review's case: one request, both caps meet the goal at 1000 req/s; "batch cap 8" won on its name and
+    14 against 13 tok/s read as "throughput and goodput pick different winners"."""
+    slo = SLO(ttft_s=1.0, tpot_s=0.1, goal=0.9)
+    same = [(1000.0, 1.0)]
+    tie = _Scored({"batch cap 2": same, "batch cap 8": same}, {"batch cap 2": 14.0, "batch cap 8": 13.0})
+    assert SweepResult.leaders(tie, slo) == ("batch cap 2", "batch cap 8")
+    # One leader: another configuration is "faster" only beyond the margin.
+    lead = _Scored({"a": [(1.0, 1.0), (2.0, 1.0)], "b": [(1.0, 1.0), (2.0, 0.5)]}, {"a": 100.0, "b": 104.0})
+    assert SweepResult.leaders(lead, slo) == ("a",) and faster_than(lead, "a", 2.0) is None
+    lead.tok_s["b"] = 130.0
+    assert faster_than(lead, "a", 2.0) == "b"
+    assert SweepResult.leaders(_Scored({"a": [(1.0, 0.5)]}, {"a": 1.0}), slo) == ()

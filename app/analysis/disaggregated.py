@@ -15,7 +15,8 @@ from typing import Callable
 
 from engine.disaggregated import ClusterStepRecord, DisaggregatedEngine, KVHandoff, WorkerStep
 from engine.disaggregated.side_by_side import RequestInput, ServedRun, StepSpan, serve_side_by_side
-from engine.engine import LLMEngine
+from engine.config import EngineConfig
+from engine.engine import LLMEngine, tokenize_prompt
 from engine.trace import BlockTableView, StepRecord
 from engine.weights import LoadedWeights
 
@@ -183,23 +184,36 @@ def request_inputs(scenario: Scenario) -> list[RequestInput]:
 
 def compare_serving(scenario: Scenario, weights: LoadedWeights, server: dict[str, str], max_steps: int = 600,
                     on_progress: Callable[[int], None] | None = None) -> dict[str, ServingRun]:
-    """The scenario on one engine as configured (the baseline: requests arrive at their steps), then, with
-    the requests arriving at the same moments, on one engine with chunked prefill (budget 64) and on the
-    two workers."""
+    """The scenario on one engine without chunked prefill (the baseline: each prompt in one step, its budget
+    raised to the largest request where needed; requests arrive at their steps), then, with the requests
+    arriving at the same moments, on one engine with chunked prefill (budget 64) and on the two workers as
+    configured. The baseline turns chunking off itself: the scenario's own engine chunks by default, and a
+    budget of 64 made "colocated" and "chunked" the same run."""
     chunked = scenario.with_engine(chunked_prefill=True,
                                    max_num_batched_tokens=min(CHUNKED_BUDGET,
                                                               scenario.engine_config().max_num_batched_tokens))
     config = scenario.engine_config(**server)
-    runs = serve_side_by_side(("colocated", LLMEngine(config, weights)),
+    inputs = request_inputs(scenario)
+    colocated = LLMEngine(unchunked_config(config, inputs, weights), weights)
+    runs = serve_side_by_side(("colocated", colocated),
                               {"chunked": LLMEngine(chunked.engine_config(**server), weights),
                                "disaggregated": DisaggregatedEngine(config, weights)},
-                              request_inputs(scenario), max_steps, on_progress)
-    budget = config.max_num_batched_tokens
-    return {"colocated": _serving_run(runs["colocated"], f"colocated: one engine, budget {budget}", 1),
+                              inputs, max_steps, on_progress)
+    budget = colocated.config.max_num_batched_tokens
+    return {"colocated": _serving_run(runs["colocated"], f"colocated: one engine, no chunking, budget {budget}",
+                                      1),
             "chunked": _serving_run(runs["chunked"], f"colocated + chunked prefill, budget "
                                     f"{chunked.engine_config().max_num_batched_tokens}", 1),
             "disaggregated": _serving_run(runs["disaggregated"], "disaggregated: a prefill worker + a decode worker",
                                           2)}
+
+
+def unchunked_config(config: EngineConfig, inputs: list[RequestInput], weights: LoadedWeights) -> EngineConfig:
+    """`config` with chunked prefill off and a token budget that holds every request's prompt and max_tokens in
+    one step (what an engine without chunking needs: a preempted request is prefilled again with its output)."""
+    need = max((len(tokenize_prompt(weights.tokenizer, r.prompt)) + r.params.max_tokens for r in inputs), default=0)
+    return dataclasses.replace(config, chunked_prefill=False,
+                               max_num_batched_tokens=max(config.max_num_batched_tokens, need))
 
 
 def worst_gap(gaps: list[TokenGap]) -> TokenGap | None:

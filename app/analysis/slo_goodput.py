@@ -204,6 +204,18 @@ def goodput_text(rate: float | None, rates: Sequence[float]) -> str:
     return f"{rate:g} req/s" + (" (or more)" if rate == max(rates) else "")
 
 
+# Throughput closer than this to the goodput leader's is one run's noise on a shared host, not a different winner.
+THROUGHPUT_MARGIN = 0.05
+
+
+def faster_than(result: SweepResult, leader: str, rate: float) -> str | None:
+    """The configuration with the most output tokens per second at `rate`, when it is not `leader` and beats it
+    by more than THROUGHPUT_MARGIN (14 against 13 tok/s for one request once read as "different winners")."""
+    fastest = max(result.configs, key=lambda c: result.run(c.label, rate).throughput_tok_s).label
+    top, lead = (result.run(label, rate).throughput_tok_s for label in (fastest, leader))
+    return fastest if fastest != leader and top > lead * (1 + THROUGHPUT_MARGIN) else None
+
+
 def goal_in_requests(goal: float, num_requests: int) -> int:
     """How many of a run's requests must meet both targets for the run to reach the goal."""
     return min(num_requests, math.ceil(goal * num_requests - 1e-9))

@@ -33,7 +33,9 @@ def kv_growth(records: list[StepRecord], bytes_per_token: int, order: list[str])
         toks = [d.get(owner, 0) for d in per_step]
         fig.add_scatter(
             x=steps, y=[t * bytes_per_token / MIB for t in toks], name=owner, stackgroup="kv", mode=mode,
-            line=dict(width=0.5, color=owner_color(owner, order)), customdata=toks,
+            # Steps, like the reserved line: a prompt lands in one prefill step, and a slope between two steps
+            # drew more held than reserved.
+            line=dict(width=0.5, color=owner_color(owner, order), shape="hv"), customdata=toks,
             hovertemplate="step %{x}: %{customdata} tokens = %{y:.2f} MiB<extra>%{fullData.name}</extra>",
         )
     allocated = [r.pool.used_blocks * r.pool.block_size for r in records]

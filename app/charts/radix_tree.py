@@ -223,9 +223,12 @@ def cache_series_figure(points: list[CachePoint], selected: int | None = None) -
                     hovertemplate="step %{x}: %{y:.0f}% of prompt tokens<extra></extra>")
     ev = [p for i, p in enumerate(points) if i and p.evictions > points[i - 1].evictions]
     if ev:
-        fig.add_scatter(x=[p.step for p in ev], y=[p.hit_rate * 100 for p in ev], mode="markers",
-                        marker=dict(symbol="x", size=13, color="#D62728"), name="eviction", row=1, col=2,
-                        hovertemplate="step %{x}: eviction<extra></extra>")
+        # Along the bottom, not on a hit-rate line: an eviction has no hit rate, and on the line its height
+        # read as one.
+        fig.add_scatter(x=[p.step for p in ev], y=[2] * len(ev), mode="markers",
+                        marker=dict(symbol="x", size=13, color="#D62728"), name="step with an eviction", row=1,
+                        col=2, customdata=[p.evictions for p in ev],
+                        hovertemplate="step %{x}: the tree evicted (%{customdata} evictions so far)<extra></extra>")
     if selected is not None:
         for col in (1, 2):
             fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2), row=1, col=col)

@@ -48,7 +48,10 @@ def attainment_figure(result: SweepResult, slo: SLO) -> go.Figure:
             share = dict(curve)[good]
             fig.add_trace(go.Scatter(
                 x=[good], y=[100 * share], mode="markers", showlegend=False,
-                marker=dict(symbol="star", size=22, color=config_color(i), line=dict(width=1.5, color="white")),
+                # Each later star smaller, so configurations tied at one point all show (the last one covered
+                # the first).
+                marker=dict(symbol="star", size=max(10, 24 - 5 * i), color=config_color(i),
+                            line=dict(width=1.5, color="white")),
                 hovertemplate=f"<b>{c.label}</b>: goodput {good:g} req/s<extra></extra>"))
     fig.add_hline(y=100 * slo.goal, line=dict(color=MUTED, dash="dash", width=1.5))
     # Named in the right margin: inside the plot its label sat under the markers at the highest rate, where the

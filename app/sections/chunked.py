@@ -9,7 +9,7 @@ from app.analysis.chunked import compare_chunking, longest_prompt_request, media
 from app.analysis.trace_metrics import cumulative_clock
 from app.charts.chunked import (compare_gaps_figure, compare_steps_figure, iteration_time, token_gap_figure,
                                 tokens_vs_budget)
-from app.formatting import NO_VALUE
+from app.formatting import NO_VALUE, plural
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.theme import show_figure
@@ -56,7 +56,7 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     m[4].metric("Worst stall so far", f"{worst.gap_s * 1e3:.0f} ms" if worst else NO_VALUE,
                 help=f"{worst.request_id} waited this long for its token at step {worst.step}" if worst else None)
     chunks = [s for s in record.batch if s.phase == "prefill"]
-    notes = [f":material/splitscreen: **{s.request_id}** prompt chunk of {s.num_tokens} tokens "
+    notes = [f":material/splitscreen: **{s.request_id}** prompt chunk of {plural(s.num_tokens, 'token')} "
              f"(now {s.context_len} in its cache)" for s in chunks]
     decodes = [s.request_id for s in record.batch if s.phase == "decode"]
     if decodes:

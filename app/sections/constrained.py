@@ -224,14 +224,18 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                 help=vocab if last is None else f"{vocab}, at output token {last.token}" + (
                     f"; jump-forward wrote the {plural(last.forced_after, 'token')} after it, which need no mask"
                     if last.forced_after else ""))
-    m[4].metric("Mask per token", f"{summary.mean_mask_us:.0f} µs" if summary.masked_tokens else "–",
-                help="llguidance computing the grammar's bitmask, and its unpacking, averaged over this sample's "
-                     f"sampled tokens; with the statistics this page draws (the model's softmax, its top 5 and the "
-                     f"forbidden probability) the logits hook took {summary.mean_hook_us:.0f} µs a token; this step "
-                     f"took {fmt_duration(record.wall_seconds)}")
-    m[5].metric("Sampling waited", f"{summary.mean_wait_us:.0f} µs" if summary.masked_tokens else "–",
-                help="per token, how long sampling waited for the mask after the forward pass: all of the mask's "
-                     "time when it is computed then, little when it was computed early (the toggle “Early masks”)")
+    slow_at, slow_s = summary.slowest_mask
+    m[4].metric("Mask per token", fmt_duration(summary.median_mask_seconds) if summary.masked_tokens else "–",
+                help="llguidance computing the grammar's bitmask, and its unpacking: the median over this sample's "
+                     f"{plural(summary.masked_tokens, 'masked token')} (the slowest, masked token {slow_at + 1}, took "
+                     f"{fmt_duration(slow_s)}; all of them {fmt_duration(summary.mask_seconds)}). With the "
+                     "statistics this page draws (the model's softmax, its top 5 and the forbidden probability) the "
+                     f"logits hook took {fmt_duration(summary.median_hook_seconds)} a token; this step took "
+                     f"{fmt_duration(record.wall_seconds)}")
+    m[5].metric("Sampling waited", fmt_duration(summary.median_wait_seconds) if summary.masked_tokens else "–",
+                help="per token (median), how long sampling waited for the mask after the forward pass: all of the "
+                     "mask's time when it is computed then, little when it was computed early (the toggle “Early "
+                     "masks”)")
     constraint = view["constraint"]
     if constraint is not None:
         compile_s = view.get("compile_seconds")

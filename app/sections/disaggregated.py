@@ -177,9 +177,10 @@ def _request_table(record: ClusterStepRecord) -> None:
 
 def compare_section(session: EngineSession, page: str) -> None:
     st.subheader("The same requests served three ways")
-    st.markdown("Three fresh runs of this scenario to the end: **colocated** (one engine, as configured), "
-                "**colocated with chunked prefill** (one engine, budget 64, as on the chunked prefill page) and "
-                "**disaggregated** (the two workers above).")
+    st.markdown("Three fresh runs of this scenario to the end: **colocated** (one engine without chunked "
+                "prefill, so each prompt is computed in one step; its token budget is raised to the longest "
+                "request where needed), **colocated with chunked prefill** (one engine, budget 64, as on the "
+                "chunked prefill page) and **disaggregated** (the two workers above, as configured).")
     runs = comparison_runner(
         session, page, button_label="Run three ways", button_key="disagg-compare",
         progress_text="Running colocated, chunked and disaggregated…", step_text="Running all three… step {n}",

@@ -37,7 +37,8 @@ def render_home() -> None:
         if device() == "cpu":
             st.info("This server has no GPU, so the engine runs the **torch reference path on the CPU** in fp32: "
                     "the same scheduler, block manager and model code as on a GPU, with plain torch kernels. "
-                    "A step takes roughly 0.1–0.3 s, so the ready-made scenarios are small.", icon=":material/computer:")
+                    "A decode step takes about 50–150 ms and prefilling a few hundred prompt tokens up to a "
+                    "second, so the ready-made scenarios are small.", icon=":material/computer:")
 
     st.markdown("### Topics")
     for section, specs in pages_by_section(include_planned=True).items():

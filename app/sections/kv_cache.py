@@ -108,7 +108,8 @@ def variants_section(cfg: ModelConfig) -> None:
     with st.expander(f"Sizing table at {dtype}"):
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption(f"{cfg.name} itself was trained for {cfg.max_position_embeddings:,} tokens; the 32k and 128k "
-               "columns are the arithmetic for a model of this shape, which is how you size a real deployment.")
+               "contexts (chart and table) are the arithmetic for a model of this shape, which is how you size a "
+               "real deployment.")
 
 
 def timing_section(page: str) -> None:

@@ -107,7 +107,9 @@ def follow_up_section(session: EngineSession, record: StepRecord | None) -> None
         if not done:
             return
         with st.form("radix-follow-form", border=False):
-            rid = st.selectbox("Conversation", [q.request_id for q in done], key="radix-follow-id")
+            # The newest finished turn first picked: continuing a three-turn chat from its first turn surprised.
+            rid = st.selectbox("Conversation", [q.request_id for q in done], index=len(done) - 1,
+                               key="radix-follow-id")
             message = st.text_input("Next user message", "Say that again more simply.", key="radix-follow-msg")
             go = st.form_submit_button(f"Send (arrives at step {session.engine.step_index})")
         if go and not str(message).strip():  # said like "Add a request now" says it, not silently dropped

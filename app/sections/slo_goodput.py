@@ -12,9 +12,9 @@ from engine.serving_load.sweep import MAX_CONFIGS, check_sweep
 from engine.serving_load.workload import make_requests
 
 from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, default_rates, default_slo,
-                                      default_workload, format_rates, goodput_text, miss_reasons, parse_rates,
-                                      passes_after_miss_text, preset_rows, requests_frame, rows_to_configs,
-                                      runs_frame, workload_line)
+                                      default_workload, faster_than, format_rates, goodput_text, miss_reasons,
+                                      parse_rates, passes_after_miss_text, preset_rows, requests_frame,
+                                      rows_to_configs, runs_frame, workload_line)
 from app.charts.slo_goodput import attainment_figure, latency_figure, request_scatter_figure, timeline_figure
 from app.formatting import fmt_duration, plural
 from app.runtime import backend_summary, device, server_engine_settings, shared_weights, weights_mode
@@ -199,15 +199,20 @@ def summary_section(s: SweepSettings, result: SweepResult, slo: SLO) -> None:
                     f"{at_top.throughput_tok_s:,.0f} output tok/s")
     if why := passes_after_miss_text(result, slo, s.num_requests):
         st.caption(why)
-    best = result.best(slo)
-    fastest = max(result.configs, key=lambda c: result.run(c.label, top_rate).throughput_tok_s).label
-    if best is None:
+    leaders = result.leaders(slo)
+    if not leaders:
         st.warning(f"No configuration reaches {slo.goal:.0%} at {min(result.rates):g} req/s with these targets. "
                    "Loosen the targets, or add lower rates and run again.", icon=":material/warning:")
-    else:
-        note = ("" if best == fastest else f" The most tokens per second at {top_rate:g} req/s came from "
-                f"**{fastest}**: throughput and goodput pick different winners here.")
-        st.markdown(f"Highest goodput: **{best}**, {goodput_text(result.goodput(best, slo), result.rates)}.{note}")
+        return
+    good = goodput_text(result.goodput(leaders[0], slo), result.rates)
+    if len(leaders) > 1:
+        st.markdown(f"Highest goodput: a tie between {' and '.join(f'**{c}**' for c in leaders)}, {good} each: "
+                    "the same share of requests met the targets at every rate.")
+        return
+    faster = faster_than(result, leaders[0], top_rate)
+    note = ("" if faster is None else f" The most tokens per second at {top_rate:g} req/s came from **{faster}**: "
+            "throughput and goodput pick different winners here.")
+    st.markdown(f"Highest goodput: **{leaders[0]}**, {good}.{note}")
 
 
 def curves_section(result: SweepResult, slo: SLO, page: str) -> None:

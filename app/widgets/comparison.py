@@ -2,6 +2,7 @@
 in the page cache (with the scenario they were measured on), and the captions around them."""
 from __future__ import annotations
 
+import json
 from typing import Callable, Iterable, TypeVar
 
 import streamlit as st
@@ -39,7 +40,10 @@ def comparison_runner(session: EngineSession, page: str, *, button_label: str, b
         return None
     scenario_json, runs = stored
     if scenario_json != key:
-        st.caption("These results are for an earlier version of the scenario; run again to refresh.")
+        earlier = json.loads(scenario_json).get("name")
+        st.caption("These results are for an earlier version of the scenario; run again to refresh."
+                   if earlier == session.scenario.name else
+                   f"These results are for another scenario, “{earlier}”; run again for this one.")
     for message in errors_of(runs):
         st.error(message)
     return runs

@@ -91,22 +91,23 @@ def engine_controls(session: EngineSession, page: str) -> None:
     if not session.has_work:
         st.session_state[k["playing"]] = False
 
-    cols = st.columns([1, 1, 1, 1, 1.3, 2.2], vertical_alignment="bottom")
-    cols[0].button("Step", key=f"{page}-btn-step", icon=":material/skip_next:", on_click=_step,
-                   args=(session, page), disabled=not session.has_work or playing, width="stretch",
-                   help="Run one real engine iteration on the model")
-    cols[1].button("Play", key=f"{page}-btn-play", icon=":material/play_arrow:", on_click=_set_playing,
-                   args=(page, True), disabled=not session.has_work or playing, width="stretch")
-    cols[2].button("Pause", key=f"{page}-btn-pause", icon=":material/pause:", on_click=_pause,
-                   args=(session, page), disabled=not playing, width="stretch")
-    cols[3].button("Reset", key=f"{page}-btn-reset", icon=":material/restart_alt:", on_click=_reset,
-                   args=(session, page), width="stretch",
-                   help="New engine, same scenario: the timeline starts again from step 0")
-    cols[4].button("Run to end", key=f"{page}-btn-end", icon=":material/fast_forward:", on_click=_run_to_end,
-                   args=(session, page), disabled=not session.has_work or playing, width="stretch",
-                   help=f"Step until every request finishes (at most {RUN_TO_END_LIMIT} steps)")
-    st.session_state.setdefault(k["speed"], "normal (0.6 s)")
-    cols[5].select_slider("Play speed (pause between steps)", options=list(SPEEDS), key=k["speed"])
+    # A wrapping row of buttons as wide as their labels: in columns they shrank to "S.", "P.", "Ru…" at 1024
+    # pixels with the sidebar open; here the speed slider moves to a line of its own instead.
+    with st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="small"):
+        st.button("Step", key=f"{page}-btn-step", icon=":material/skip_next:", on_click=_step,
+                  args=(session, page), disabled=not session.has_work or playing,
+                  help="Run one real engine iteration on the model")
+        st.button("Play", key=f"{page}-btn-play", icon=":material/play_arrow:", on_click=_set_playing,
+                  args=(page, True), disabled=not session.has_work or playing)
+        st.button("Pause", key=f"{page}-btn-pause", icon=":material/pause:", on_click=_pause,
+                  args=(session, page), disabled=not playing)
+        st.button("Reset", key=f"{page}-btn-reset", icon=":material/restart_alt:", on_click=_reset,
+                  args=(session, page), help="New engine, same scenario: the timeline starts again from step 0")
+        st.button("Run to end", key=f"{page}-btn-end", icon=":material/fast_forward:", on_click=_run_to_end,
+                  args=(session, page), disabled=not session.has_work or playing,
+                  help=f"Step until every request finishes (at most {RUN_TO_END_LIMIT} steps)")
+        st.session_state.setdefault(k["speed"], "normal (0.6 s)")
+        st.select_slider("Play speed (pause between steps)", options=list(SPEEDS), key=k["speed"], width=280)
     if playing:
         _ticker(session, page, SPEEDS[st.session_state[k["speed"]]])
 

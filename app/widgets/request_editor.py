@@ -25,6 +25,7 @@ from app.widgets.controls import follow_latest
 COLUMNS = ["request_id", "prompt", "chat", "max_tokens", "arrival_step", "temperature", "top_k", "top_p", "seed", "n",
            "ignore_eos", "stop"]
 _DEFAULTS = {f.name: f.default for f in fields(RequestSpec)}
+MAX_LIVE_N = 8  # samples a request added from the popover may ask for, where the engine serves several
 
 
 def _version_key(page: str) -> str:
@@ -245,7 +246,10 @@ def _live_add(session: EngineSession, page: str) -> None:
             c = st.columns(3)
             max_tokens = c[0].number_input("max_tokens", 1, 512, 12, key=f"{prefix}-mt")
             temperature = c[1].number_input("temperature", 0.0, 5.0, 0.0, 0.1, key=f"{prefix}-t")
-            n = c[2].number_input("n", 1, 8, 1, key=f"{prefix}-n")
+            max_n = getattr(session.engine, "max_request_n", MAX_LIVE_N)  # the disaggregated engine serves n = 1
+            n = c[2].number_input("n", 1, max_n, 1, key=f"{prefix}-n", disabled=max_n == 1,
+                                  help="samples of this prompt" + (" (this engine serves one per request)"
+                                                                   if max_n == 1 else ""))
             names = getattr(session.engine, "adapter_names", ())
             adapter = (st.selectbox("LoRA adapter", ["(base model)", *names], key=f"{prefix}-adapter")
                        if names else "(base model)")

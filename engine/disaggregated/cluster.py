@@ -64,6 +64,9 @@ class DisaggregatedEngine:
     """Duck-types the parts of `LLMEngine` a page session uses: `add_request`, `step`, `has_work`,
     `step_index`, `config`, `model_config`, `tokenizer`, `backend_description`."""
 
+    # Samples per request it serves (a form offers no more): one sequence's KV is handed on per request.
+    max_request_n = 1
+
     def __init__(self, config: EngineConfig = EngineConfig(), weights: LoadedWeights | None = None,
                  transport: Transport | None = None) -> None:
         if config.spec_drafter != "none":

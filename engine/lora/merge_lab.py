@@ -201,7 +201,7 @@ KernelCosts = Mapping[str, tuple[float, float, float]]  # kernel name -> (second
 class StepTiming:
     """Full-batch decode steps of one deployment at one batch size. `step_seconds`: the timed steps, run with the
     kernel timer off (its per-call bookkeeping would add to the step); `profiled_seconds` / `step_kernels`: the
-    steps after them, run with it on, each with its kernels (none when CUDA graphs replay the steps). The
+    steps between them, run with it on, each with its kernels (none when CUDA graphs replay the steps). The
     medians are real steps (the lower of the middle two)."""
 
     deployment: Deployment
@@ -252,8 +252,10 @@ def _costs(record: StepRecord) -> dict[str, tuple[float, float, float]]:
 def time_decode(merged_engine: LLMEngine, lora_engine: LLMEngine, adapter: str, prompt_ids: list[int], batch: int,
                 warmup: int, timed: int, profiled: int | None = None) -> tuple[StepTiming, StepTiming]:
     """B copies of the prompt on each engine (the LoRA engine's rows all run the adapter), stepped in turn:
-    `warmup` full-batch decode steps, `timed` ones with the kernel timer off, then `profiled` (default: as many
-    as timed; 0 where the engine does not profile kernels, as with CUDA graphs) with it on. (merged, unmerged)."""
+    `warmup` full-batch decode steps, then `timed` ones with the kernel timer off and `profiled` (default: as
+    many as timed; 0 where the engine does not profile kernels, as with CUDA graphs) with it on, alternating, so
+    a shared host's load falls on both alike (profiled steps all after the timed ones once split a step by a load
+    the timed steps had not seen). (merged, unmerged)."""
     engines = (merged_engine, lora_engine)
     profiled = timed if profiled is None else profiled
     can_profile = [e.config.profile_kernels for e in engines]
@@ -272,16 +274,18 @@ def time_decode(merged_engine: LLMEngine, lora_engine: LLMEngine, adapter: str, 
             for j, e in enumerate(engines):
                 if not e.has_work():
                     continue
-                on = can_profile[j] and done[j] >= warmup + timed
+                # After the warm-up: a profiled step whenever there are fewer of them than timed ones.
+                on = (done[j] >= warmup and len(prof[j]) < profiled
+                      and (len(prof[j]) < len(walls[j]) or len(walls[j]) >= timed))
                 e.kernels.timer.enabled = on
                 rec = e.step()
                 if rec.num_prefill_tokens or rec.num_decode_tokens != batch:
                     continue
-                if warmup <= done[j] < warmup + timed:
-                    walls[j].append(rec.wall_seconds)
-                elif on and len(prof[j]) < profiled:
+                if on:
                     prof[j].append(rec.wall_seconds)
                     kern[j].append(_costs(rec))
+                elif done[j] >= warmup and len(walls[j]) < timed:
+                    walls[j].append(rec.wall_seconds)
                 done[j] += 1
     finally:
         for e, c in zip(engines, can_profile):

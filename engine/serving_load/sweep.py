@@ -43,13 +43,18 @@ class SweepResult:
     def goodput(self, label: str, slo: SLO) -> float | None:
         return goodput_rate(self.curve(label, slo), slo.goal)
 
-    def best(self, slo: SLO) -> str | None:
-        """The configuration with the highest goodput (ties: higher attainment summed over rates); None when
-        every configuration misses the goal at the lowest tested rate."""
-        scored = [(self.goodput(c.label, slo), sum(a for _, a in self.curve(c.label, slo)), c.label)
-                  for c in self.configs]
-        scored = [s for s in scored if s[0] is not None]
-        return max(scored)[2] if scored else None
+    def leaders(self, slo: SLO) -> tuple[str, ...]:
+        """The configurations with the highest goodput (ties broken by attainment summed over the rates), in
+        the sweep's order: several when they tie on both, none when every configuration misses the goal at the
+        lowest tested rate. Never a name's alphabetical order: that once crowned "batch cap 8" over an identical
+        "batch cap 2"."""
+        scored = {c.label: (self.goodput(c.label, slo), sum(a for _, a in self.curve(c.label, slo)))
+                  for c in self.configs}
+        scored = {label: s for label, s in scored.items() if s[0] is not None}
+        if not scored:
+            return ()
+        top = max(scored.values())
+        return tuple(label for label, s in scored.items() if s[0] == top[0] and math.isclose(s[1], top[1]))
 
 
 def check_sweep(configs: Sequence[LoadConfig], rates: Sequence[float]) -> tuple[float, ...]:

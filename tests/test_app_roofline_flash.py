@@ -383,18 +383,34 @@ def test_flash_page_decoding_section(app_env) -> None:  # noqa: ANN001
     def metrics() -> dict[str, str]:
         return {m.label: m.value for m in at.metric}
 
-    assert int(metrics()["Programs at batch 1"]) == 3 * 4  # 3 KV heads x the default 4 splits
+    from kernels.split_kv_trace import launched_splits
+
+    from app.analysis.split_kv import merge_bytes
+    from app.formatting import fmt_bytes
+
+    n = int(metrics()["Keys the decode row sees"].replace(",", ""))
+    # 3 KV heads x the splits that run: the default S = 4 over the default 16-key tiles of the long prompt
+    assert math.ceil(n / 16) >= 4 and int(metrics()["Programs at batch 1"]) == 3 * 4
     for splits in (1, 8):
         at.select_slider(key="flash-splits").set_value(splits).run()
         assert not at.exception
         m = metrics()
-        assert int(m["Programs at batch 1"]) == 3 * splits and float(m["Merged vs one pass"]) < 1e-5
+        runs = launched_splits(math.ceil(n / 16), splits)  # the engine's launcher drops splits without a tile
+        assert int(m["Programs at batch 1"]) == 3 * runs and float(m["Merged vs one pass"]) < 1e-5
         assert (m["The merge reads"] == "nothing") == (splits == 1)
     at.radio(key="flash-split-layout").set_value("contiguous ranges").run()
     assert not at.exception and float(metrics()["Merged vs one pass"]) < 1e-5
     captions = " ".join(c.value for c in at.caption)
     assert "bench/results/split_kv_h200.json" in captions and "Split" in captions
     assert any("splits" in d.value.columns for d in at.dataframe)
+    # 128-key tiles, S = 8: the metrics count the splits that run (2 for up to 256 keys), not the 8 asked for.
+    at.selectbox(key="flash-bn").set_value(128).run()
+    assert not at.exception
+    m = {x.label: x for x in at.metric}
+    runs = launched_splits(math.ceil(n / 128), 8)
+    assert runs < 8 and int(m["Programs at batch 1"].value) == 3 * runs
+    assert m["Programs at batch 1"].delta == f"{runs} of S = 8 splits run"
+    assert m["The merge reads"].value == fmt_bytes(merge_bytes(9, runs, 64))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page_file", ["02_attention_roofline.py", "05_flashattention.py"])

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.analysis.speculative import (bench_rows, compare_drafters, cost_text, expected_tokens_per_pass, load_bench,
-                                      measured_c, predicted_speedup, round_sentence, spec_series, speedup_vs_plain,
-                                      step_rounds)
+from app.analysis.speculative import (ALL_DRAFTERS_BENCH, BENCH_C, LIVE_C, bench_c, bench_rows, bench_setup,
+                                      closed_form_caption, compare_drafters, cost_options, cost_text,
+                                      expected_tokens_per_pass, largest_gap, load_bench, measured_c, other_bench_note,
+                                      predicted_speedup, round_sentence, spec_series, speedup_vs_plain, step_rounds)
 from app.charts.speculative import bench_figure, closed_form_figure, compare_figure, round_figure
 from app.registry import PAGES
 from app.scenario_library import SPECULATIVE
@@ -87,6 +88,55 @@ def test_closed_form_labels_stay_inside_their_panels() -> None:
     assert "predicted speedup vs γ (c < 0.001)" in titles
     costly = closed_form_figure(0.75, 4, 0.12)
     assert "predicted speedup vs γ (c = 0.12)" in [a.text for a in costly.layout.annotations]
+
+
+def test_the_right_panels_axis_title_has_room() -> None:
+    """"× plain decoding" was squeezed between the panels: a short title, the unit on the ticks, a wider gap."""
+    fig = closed_form_figure(0.6, 8, 0.635)
+    assert fig.layout.yaxis2.title.text == "speedup" and fig.layout.yaxis2.ticksuffix == "×"
+    assert fig.layout.xaxis2.domain[0] - fig.layout.xaxis.domain[1] >= 0.12
+
+
+def test_c_is_this_drafters_and_says_whose() -> None:
+    """The benchmark ran early exit with its own number of layers: its c stands in for another early exit only
+    until this run has measured one, labelled so; for the same drafter it is offered after this run's own."""
+    bench = load_bench()
+    layers = int(bench["draft_layers"])
+    c_bench = bench_c(bench, "early_exit")
+    (only,) = cost_options(None, bench, "early_exit", 1)
+    assert (only.source, only.value) == (BENCH_C, c_bench)
+    assert "stand-in" in only.why and f"{layers} layers, this run's with 1" in only.why
+    assert [o.source for o in cost_options(0.05, bench, "early_exit", 1)] == [LIVE_C]  # the 16-layer c: not this one
+    same = cost_options(0.6, bench, "early_exit", layers)
+    assert [o.source for o in same] == [LIVE_C, BENCH_C] and "the same drafter" in same[1].why
+    assert f"{layers} of 30 layers" in same[1].why
+    assert [o.source for o in cost_options(None, bench, "ngram", 1)] == [BENCH_C]  # layers do not touch lookup
+    assert cost_options(None, None, "early_exit", 1) == ()
+
+
+def test_closed_form_caption_names_only_this_drafters_causes() -> None:
+    assert "prompt lookup found no match" in closed_form_caption("ngram")
+    for drafter in ("early_exit", "draft_model"):
+        text = closed_form_caption(drafter)
+        assert "lookup" not in text and "fewer than γ" in text
+
+
+def test_each_benchmark_table_says_what_it_ran_and_that_the_other_differs() -> None:
+    """Pages 07 and 08 tabulate two benchmark files run on different prompts and lengths: each says what it
+    ran, read from its file, and gives the row whose τ differs most between the two."""
+    chain, trees = load_bench(), load_bench(ALL_DRAFTERS_BENCH)
+    for bench in (chain, trees):
+        text = bench_setup(bench)
+        prompts = sorted(set(bench["workloads"].values()))
+        assert text.startswith(f"{prompts[0]} prompts in each of ") and f"{bench['max_tokens']} new tokens" in text
+        assert ("the fastest of" in text) == (bench["repeats"] > 1)
+    a, b = largest_gap(chain, trees)
+    assert (a["workload"], a["drafter"], a["gamma"]) == (b["workload"], b["drafter"], b["gamma"])
+    note = other_bench_note(chain, trees, "Page 08's table")
+    assert note.startswith(" Page 08's table ran a different set: " + bench_setup(trees))
+    assert f"τ {a['tokens_per_pass']:.2f} and {a['speedup']:.2f}× here" in note
+    assert f"τ {b['tokens_per_pass']:.2f} and {b['speedup']:.2f}× there" in note
+    assert other_bench_note(chain, None, "x") == ""
 
 
 # ---- records only --------------------------------------------------------------------------------
@@ -177,6 +227,12 @@ def test_page_steps_scrubs_controls_and_compares(random_app: AppTest) -> None:
     rounds = [r for rec in session.records for r in step_rounds(rec)]
     assert rounds and all(r["mode"] == "sampled" for r in rounds)
     assert rounds[0]["uniforms"][0] is not None
+    # A 4-layer early exit has its own c now: the closed form uses it and says so, not the 16-layer benchmark's;
+    # and the caption under the chart does not blame prompt lookup.
+    assert any(m.value.startswith("**c = ") and "(measured in this run: " in m.value for m in at.markdown)
+    captions = " ".join(c.value for c in at.caption)
+    assert "lookup found no match" not in captions and "fewer than γ" in captions
+    assert "ran a different set: " in captions  # the benchmark table names the other page's
     # Another scenario from the library, then the three-way comparison on a short version of it.
     at.selectbox(key="spec-pick").set_value(SPECULATIVE[1].name).run()
     assert_clean(at)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.analysis.tree_spec import (FINAL, ROOT, compare_tree_drafters, draft_tree_graph, mask_labels,
-                                    mean_tokens_per_round, round_sentence, training_summary, tree_rounds, tree_series,
-                                    verify_cost_sweep)
+from app.analysis.tree_spec import (FINAL, ROOT, VerifyCost, compare_tree_drafters, cost_caption, cost_inversions,
+                                    draft_tree_graph, mask_caption, mask_labels, mean_tokens_per_round, round_sentence,
+                                    training_summary, tree_rounds, tree_series, verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_mask_figure,
                                    verify_cost_figure)
 from app.registry import PAGES
@@ -90,6 +90,43 @@ def test_tree_graph_mask_and_sentence() -> None:
     assert [a.font.size for a in fig.layout.annotations] == [round(s * 1.5) for s in before]
 
 
+def test_tree_numbers_and_mask_colours_are_named() -> None:
+    """The grey q beside a node and the final token's p are two models' probabilities of two tokens: the chart
+    says which; the mask's caption says what its green cells are."""
+    r = _round()
+    subtitle = draft_tree_figure(r).layout.title.subtitle.text
+    assert "q, the drafter's probability" in subtitle and "p: the target's probability" in subtitle
+    text = mask_caption(r)
+    assert "Green: the visible cells of the rows that were kept (the root and the 2 accepted nodes)" in text
+    none_kept = {**r, "accepted_path": [], "num_accepted": 0}
+    assert "(the root (no node was accepted))" in mask_caption(none_kept)
+
+
+def test_one_node_tree_in_words() -> None:
+    r = _round()
+    r["tree"] = {k: v[:1] for k, v in r["tree"].items()}
+    r["accepted_path"], r["num_accepted"], r["kv_moves"] = [], 0, []
+    text = round_sentence(r)
+    assert "a tree of **1 node, depth 1** verified in one pass of 2 rows" in text and "1 nodes" not in text
+    assert "(0 tokens)" in text and "1 token from one target pass" in text and "1 of its 1 node slot rolled" in text
+
+
+def test_cost_caption_calls_a_smaller_slower_tree_noise() -> None:
+    """A burst of load put 4 nodes at 184 ms above 8 nodes at 100 ms: the caption says the points are medians
+    and names such a flip as noise; the chart draws each point's spread."""
+    costs = [VerifyCost(0, 0.080, 0.075, 0.09, 5), VerifyCost(4, 0.184, 0.10, 0.20, 5),
+             VerifyCost(8, 0.100, 0.095, 0.12, 5), VerifyCost(64, 0.200, 0.19, 0.23, 5)]
+    assert [(a.nodes, b.nodes) for a, b in cost_inversions(costs)] == [(4, 8)]
+    text = cost_caption(costs)
+    assert "median of 5 passes" in text and "8 nodes measured faster than 4 nodes (100 against 184 ms)" in text
+    assert "measured faster" not in cost_caption([costs[0], costs[2], costs[3]])
+    one = [VerifyCost(0, 0.08)]
+    assert cost_caption(one).startswith("0 nodes cost 1.00×") and "median of 1 pass," in cost_caption(one)
+    err = verify_cost_figure(costs).data[0].error_y
+    assert list(err.array) == pytest.approx([10, 16, 20, 30]) and list(err.arrayminus) == pytest.approx([5, 84, 5, 10])
+    assert verify_cost_figure([VerifyCost(0, 0.08), VerifyCost(8, 0.1)]).data[0].error_y.array is None
+
+
 def test_session_series_cost_and_compare(random_weights) -> None:  # noqa: ANN001
     s = EngineSession.create(TREE_SPEC[0].with_requests([RequestSpec("Tell me about the sea.", max_tokens=10,
                                                                       ignore_eos=True)]), random_weights, SERVER)
@@ -104,6 +141,8 @@ def test_session_series_cost_and_compare(random_weights) -> None:  # noqa: ANN00
         assert draft_tree_figure(r).data and tree_mask_figure(r).data
     costs = verify_cost_sweep(s.engine, context_len=32, sizes=(0, 8), repeats=1)
     assert [c.nodes for c in costs] == [0, 8] and all(c.seconds > 0 for c in costs)
+    costs = verify_cost_sweep(s.engine, context_len=32, sizes=(0, 8), repeats=3)
+    assert all(0 < c.fastest <= c.seconds <= c.slowest and c.runs == 3 for c in costs)
     assert verify_cost_figure(costs).data
     runs = compare_tree_drafters(TREE_SPEC[0].with_requests([RequestSpec("Hello there", max_tokens=6,
                                                                          ignore_eos=True)]), random_weights, SERVER)
@@ -134,6 +173,8 @@ def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> Non
     # The benchmark table shows one workload at a time, all its rows (the tree drafters among them).
     bench = next(d.value for d in at.dataframe if "tokens per pass (τ)" in d.value.columns)
     assert "workload" not in bench.columns and {"Medusa heads", "EAGLE layer"} <= set(bench["drafter"])
+    # What this table's benchmark ran, and that page 07's table ran another set (so its numbers differ).
+    assert any("prompts in each of" in c.value and "ran a different set: " in c.value for c in at.caption)
     at.segmented_control(key="tree-bench-workload").set_value("unseen").run()
     unseen = next(d.value for d in at.dataframe if "tokens per pass (τ)" in d.value.columns)
     assert len(unseen) == len(bench) and not unseen.equals(bench)
@@ -151,6 +192,7 @@ def test_page_steps_scrubs_controls_cost_and_compare(random_app: AppTest) -> Non
     at.button(key="tree-cost").click().run()
     assert_clean(at)
     assert at.session_state["page-cache:tree"]["cost"]
+    assert any("Each point is the median of 5 passes" in c.value for c in at.caption)
 
 
 def test_drafting_time_before_any_round_is_a_dash() -> None:

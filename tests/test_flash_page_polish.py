@@ -56,6 +56,22 @@ def test_memory_uses_one_dtype_per_quantity() -> None:
     assert [r.seq_len for r in memory_table(4096, 9)] == [4096, 32768, 131072]  # no duplicate row
 
 
+def test_tile_shares_name_their_units() -> None:
+    """N = 157 in 128 × 128 tiles: one of four tile pairs is skipped (25 % of the pairs), but it holds only
+    128 × 29 of the N² scores (15 %): the computed 85 % and the skipped 15 % of the scores make N², the tile
+    share does not add to them."""
+    from app.analysis.flashattention_tiles import tile_shares
+
+    qkv = _qkv(157)
+    trace = flash_attention_tiled(qkv.q, qkv.k, qkv.v, qkv.scale, 128, 128)
+    shares = tile_shares(trace)
+    assert (shares.pairs, shares.skipped_pairs, shares.skipped_pair_share) == (4, 1, 0.25)
+    assert shares.skipped_scores == 128 * 29 and shares.scores == 157 ** 2
+    assert shares.computed_scores + shares.skipped_scores == shares.scores
+    assert round(shares.computed_score_share, 2) == 0.85 and round(shares.skipped_score_share, 2) == 0.15
+    assert tile_shares(flash_attention_tiled(qkv.q[:1], qkv.k[:1], qkv.v[:1], qkv.scale, 16, 16)).skipped_pairs == 0
+
+
 def test_largest_cpu_cache_reads_sysfs(tmp_path: Path) -> None:
     for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "64K"), (2, "Unified", "1024K"),
                                              (3, "Unified", "32M")]):
@@ -254,6 +270,10 @@ def test_page_memory_numbers_agree(flash_app) -> None:  # noqa: ANN001
     # No arrow on a share of the grid: it is not a change.
     skipped = next(x for x in at.metric if x.label == "Skipped by causality")
     assert "never loaded" in skipped.delta and skipped.proto.direction == MetricProto.MetricDirection.NONE
+    # Two shares in two units, each named: of tile pairs beside of the N² scores (25 % and 85 % read as 110 %).
+    assert "of tile pairs" in skipped.delta
+    scores = next(x for x in at.metric if x.label == "Scores computed")
+    assert scores.value.endswith("of N²") and scores.delta.endswith(f"of {n * n:,} scores")
 
 
 @pytest.mark.slow
@@ -269,6 +289,12 @@ def test_page_one_token_prompt(flash_app) -> None:  # noqa: ANN001
         ax = matrix["layout"][axis]
         assert ax["tick0"] == 0 and ax["dtick"] == 1 and sorted(ax["range"]) == [-0.5, 0.5]
     assert any("a single K tile" in c.value for c in at.caption)
+    # The split-KV caption says what its chart shows: one key, one tile, one split whatever S asks.
+    at.selectbox(key="flash-bn").set_value(128).run()
+    at.select_slider(key="flash-splits").set_value(8).run()
+    _clean(at)
+    split = next(c.value for c in at.caption if "one split runs whatever S asks" in c.value)
+    assert "stay visible" not in split and int(_metrics(at)["Programs at batch 1"]) == 3
     _submit(at, "Hello there", chat=False)  # two tokens: ticks at 0 and 1, never at 0.5
     ax = _chart(at, "The 2×2 matrix")["layout"]["xaxis"]
     assert ax["dtick"] == 1 and ax["range"] == [-0.5, 1.5]

@@ -267,6 +267,110 @@ def bench_c(bench: dict[str, Any] | None, drafter: str) -> float | None:
     return sum(cs) / len(cs) if cs else None
 
 
+def bench_drafter_label(bench: dict[str, Any] | None, drafter: str) -> str:
+    """The drafter as the benchmark ran it: early exit with its own number of layers."""
+    label = DRAFTER_LABELS.get(drafter, "this drafter")
+    layers = (bench or {}).get("draft_layers")
+    return f"{label} ({layers} of 30 layers)" if drafter == "early_exit" and layers is not None else label
+
+
+def bench_drafter_mismatch(bench: dict[str, Any] | None, drafter: str, draft_layers: int) -> str | None:
+    """Why the benchmark's c is not this run's drafter's, or None where it is the same drafter. Only early exit
+    has a knob that changes its cost: c grows with the layers it runs (16 in the benchmark, 1 to 29 here)."""
+    layers = (bench or {}).get("draft_layers")
+    if drafter != "early_exit" or layers is None or int(layers) == draft_layers:
+        return None
+    return f"the benchmark's early exit drafted with {layers} layers, this run's with {draft_layers}"
+
+
+LIVE_C = "measured in this run"
+BENCH_C = "from the benchmark"
+
+
+@dataclass(frozen=True, slots=True)
+class CostOption:
+    """A value of c the closed form can use, and why it is (or only stands in for) this run's drafter's."""
+
+    source: str  # LIVE_C or BENCH_C: the choice's label
+    value: float
+    why: str
+
+
+def cost_options(c_live: float | None, bench: dict[str, Any] | None, drafter: str,
+                 draft_layers: int) -> tuple[CostOption, ...]:
+    """The c values worth offering, the preferred first: this run's own once it has drafted; the benchmark's
+    mean where it ran the same drafter, or, before this run has a c of its own, as a labelled stand-in (an early
+    exit of 1 layer was predicted with the 16-layer benchmark's c = 0.64, unlabelled)."""
+    out = []
+    if c_live is not None:
+        out.append(CostOption(LIVE_C, c_live, "this run's own drafting and verification times"))
+    c_bench = bench_c(bench, drafter)
+    if c_bench is None:
+        return tuple(out)
+    mismatch = bench_drafter_mismatch(bench, drafter, draft_layers)
+    if mismatch is None:
+        out.append(CostOption(BENCH_C, c_bench, f"the benchmark's mean for {bench_drafter_label(bench, drafter)}, "
+                                                "the same drafter, over its workloads and γ"))
+    elif c_live is None:
+        out.append(CostOption(BENCH_C, c_bench, f"a stand-in until this run drafts: {mismatch}, so its c differs; "
+                                                "step on to measure this run's"))
+    return tuple(out)
+
+
+def closed_form_caption(drafter: str) -> str:
+    """Why the measured points sit off the curves, for this drafter: only prompt lookup finds no draft at times."""
+    if drafter == "ngram":
+        why = ("when prompt lookup found no match (those steps decode plainly, 1 token per pass) or when α is not "
+               "the same for every draft")
+    else:
+        why = ("when α is not the same for every draft (the closed form assumes each is kept independently with "
+               "the same α) or when a request's last rounds draft fewer than γ (capped by its max_tokens)")
+    return (f"The measured tokens per pass (◆) sits off the curve {why}; the measured speedup (◇, from the drafter "
+            "comparison below) usually sits below the predicted one because the verification pass is not free, "
+            "and moves with this shared machine's load from run to run.")
+
+
+def bench_setup(bench: dict[str, Any]) -> str:
+    """What a benchmark file ran, read from the file: prompts per workload, tokens per prompt, repeats,
+    threads (the two benchmarks behind pages 07 and 08 differ in all four)."""
+    workloads = bench.get("workloads") or {}
+    sizes = sorted(set(workloads.values()))
+    prompts = "?" if not sizes else f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+    repeats = int(bench.get("repeats", 1))
+    runs = f"the fastest of {repeats} runs" if repeats > 1 else "one run"
+    threads = bench.get("threads")
+    names = list(workloads) or ["?"]
+    names_text = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return (f"{prompts} prompts in each of {names_text}, {bench.get('max_tokens', '?')} new tokens per prompt, "
+            f"{runs} per configuration"
+            + (f", {threads} thread{'s' * (int(threads) != 1)}" if threads is not None else ""))
+
+
+def largest_gap(here: dict[str, Any], there: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The (workload, drafter, γ) both benchmarks ran whose τ differs most between them, as (here, there) rows."""
+    theirs = {(r["workload"], r["drafter"], r["gamma"]): r for r in there.get("rows", []) if r["drafter"] != "plain"}
+    pairs = [(r, theirs[k]) for r in here.get("rows", []) if (k := (r["workload"], r["drafter"], r["gamma"])) in theirs]
+    return max(pairs, key=lambda p: abs(p[0]["tokens_per_pass"] - p[1]["tokens_per_pass"]), default=None)
+
+
+def other_bench_note(here: dict[str, Any], there: dict[str, Any] | None, there_table: str) -> str:
+    """A sentence for under one page's benchmark table: the other page's table ran another set of prompts and
+    tokens, so the same drafter and γ read differently there (copy, prompt lookup, γ = 4: τ 2.58 on page 07,
+    1.76 on page 08)."""
+    if not there:
+        return ""
+    text = (f" {there_table} ran a different set: {bench_setup(there)}. So the same drafter, workload and γ can "
+            "read differently there")
+    gap = largest_gap(here, there)
+    if gap:
+        a, b = gap
+        size = f"{a['gamma']} nodes" if a["drafter"] in ("medusa", "eagle") else f"γ = {a['gamma']}"
+        text += (f": {DRAFTER_LABELS.get(a['drafter'], a['drafter'])}, {size} on “{a['workload']}” reads τ "
+                 f"{a['tokens_per_pass']:.2f} and {a['speedup']:.2f}× here, τ {b['tokens_per_pass']:.2f} and "
+                 f"{b['speedup']:.2f}× there")
+    return text + "."
+
+
 # ---- each drafter on the same scenario, measured -------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

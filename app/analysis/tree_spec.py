@@ -6,7 +6,9 @@ scenario. Round format: "kind": "tree" rounds of the "spec" extra (engine/specul
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,16 @@ def mask_labels(r: dict[str, Any]) -> list[str]:
                                           enumerate(zip(t["texts"], t["depths"]))]
 
 
+def mask_caption(r: dict[str, Any]) -> str:
+    """How to read the tree attention mask's three colours for this round."""
+    a = len(r["accepted_path"])
+    kept = "the root" + (f" and the {plural(a, 'accepted node')}" if a else " (no node was accepted)")
+    return ("Each row is one token of the verification pass, each column a token it may attend to (the cached "
+            "context, visible to every row, is left out). Grey: visible, the row's ancestors and itself; white: "
+            f"hidden, another branch. Green: the visible cells of the rows that were kept ({kept}), which is the "
+            "causal mask plain decoding would have used for those tokens.")
+
+
 def round_sentence(r: dict[str, Any]) -> str:
     n = len(r["tree"]["token_ids"])
     a = r["num_accepted"]
@@ -74,9 +86,9 @@ def round_sentence(r: dict[str, Any]) -> str:
     how = ("the bonus token " + final + " from the last accepted row" if r["final_kind"] == "bonus"
            else final + (" drawn from what the rejected children left" if r["mode"] == "sampled"
                          else " (the target's argmax, which no child had)"))
-    return (f"**{r['request_id']}** ({r['mode']}): a tree of **{n} nodes, depth {depth}** verified in one pass of "
-            f"{n + 1} rows. Accepted path: {path} ({a} token{'s' * (a != 1)}), then {how} → **{plural(a + 1, 'token')} "
-            f"from one target pass**; {n - a} of the {n} node slots rolled back"
+    return (f"**{r['request_id']}** ({r['mode']}): a tree of **{plural(n, 'node')}, depth {depth}** verified in one "
+            f"pass of {plural(n + 1, 'row')}. Accepted path: {path} ({plural(a, 'token')}), then {how} → "
+            f"**{plural(a + 1, 'token')} from one target pass**; {n - a} of its {plural(n, 'node slot')} rolled back"
             + (f", {plural(len(r['kv_moves']), 'accepted slot')} moved next to the context." if r["kv_moves"] else "."))
 
 
@@ -113,13 +125,21 @@ def mean_tokens_per_round(points: list[TreePoint]) -> float | None:
 class VerifyCost:
     nodes: int
     seconds: float  # median of the repeats: one target pass of 1 + nodes rows over the context
+    fastest: float = math.nan  # the spread of the repeats, drawn as the point's bar
+    slowest: float = math.nan
+    runs: int = 1  # timed passes behind the median
 
 
 def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (0, 4, 8, 16, 32, 64),
-                      repeats: int = 3) -> list[VerifyCost]:
+                      repeats: int = 5) -> list[VerifyCost]:
     """Time one target pass verifying a tree of N nodes (a root with N children in a chain-of-stars shape
     does not matter for cost: rows and mask size do) after `context_len` cached tokens, on the engine's
-    model and device, in a scratch KV pool (the engine's own pool and requests are untouched)."""
+    model and device, in a scratch KV pool (the engine's own pool and requests are untouched).
+
+    The sizes are timed in turn, `repeats` rounds after one warm-up round, and each keeps its median: on a
+    shared CPU a burst of load then lands on every size alike, where timing each size's repeats back to back
+    let one burst put 4 nodes at 184 ms above 8 nodes at 100 ms."""
+    repeats = max(repeats, 1)
     cfg, bs = engine.model_config, engine.config.block_size
     n_max = context_len + max(sizes) + 1
     blocks = (n_max + bs - 1) // bs
@@ -127,26 +147,60 @@ def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (
     table = list(range(blocks))
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(10, cfg.vocab_size, (context_len,), generator=gen).tolist()
+    batches = [_tree_batch(engine, n, context_len, table, gen) for n in sizes]
+    times: list[list[float]] = [[] for _ in sizes]
     with torch.inference_mode():
         engine.model.forward(build_forward_batch([(ctx, 0, list(range(context_len)))], [], [], engine.device), pool)
-        out = []
-        for n in sizes:
-            toks = torch.randint(10, cfg.vocab_size, (n + 1,), generator=gen).tolist()
-            parents = tuple(-1 if i < 4 else (i - 4) for i in range(n))  # four branches deepening in turn
-            tree = DraftTree(tuple(toks[1:]), parents, (1.0,) * n, (1.0,) * n)
-            trees = {0: ([0] + tree.depths, tree.mask())} if n else None
-            batch = build_forward_batch([], [(toks, context_len, list(range(context_len, context_len + n + 1)), table)],
-                                        list(range(n + 1)), engine.device, trees)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                engine.model.forward(batch, pool)
-                if engine.device.type == "cuda":
-                    torch.cuda.synchronize(engine.device)
-                times.append(time.perf_counter() - t0)
+        for round_ in range(repeats + 1):  # round 0 warms every shape up and is not counted
+            for batch, kept in zip(batches, times):
+                seconds = _timed_pass(engine, batch, pool)
+                if round_:
+                    kept.append(seconds)
             engine.kernels.timer.drain()
-            out.append(VerifyCost(n, sorted(times)[len(times) // 2]))
-    return out
+    return [VerifyCost(n, statistics.median(t), min(t), max(t), len(t)) for n, t in zip(sizes, times)]
+
+
+def _tree_batch(engine, n: int, context_len: int, table: list[int], gen: torch.Generator):  # noqa: ANN001, ANN202
+    """The verification batch of an n-node tree (four branches deepening in turn) after the context."""
+    toks = torch.randint(10, engine.model_config.vocab_size, (n + 1,), generator=gen).tolist()
+    parents = tuple(-1 if i < 4 else (i - 4) for i in range(n))
+    tree = DraftTree(tuple(toks[1:]), parents, (1.0,) * n, (1.0,) * n)
+    trees = {0: ([0] + tree.depths, tree.mask())} if n else None
+    return build_forward_batch([], [(toks, context_len, list(range(context_len, context_len + n + 1)), table)],
+                               list(range(n + 1)), engine.device, trees)
+
+
+def _timed_pass(engine, batch, pool: KVPool) -> float:  # noqa: ANN001
+    t0 = time.perf_counter()
+    engine.model.forward(batch, pool)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    return time.perf_counter() - t0
+
+
+def cost_inversions(costs: list[VerifyCost]) -> list[tuple[VerifyCost, VerifyCost]]:
+    """Neighbouring sizes where the bigger tree's pass measured faster: noise, since more rows are no less work."""
+    return [(a, b) for a, b in zip(costs, costs[1:]) if b.nodes > a.nodes and b.seconds < a.seconds]
+
+
+def cost_caption(costs: list[VerifyCost]) -> str:
+    """What the cost chart measured, and how far to trust it on a shared CPU."""
+    big = next((c for c in costs if c.nodes == 64), costs[-1])
+    base = costs[0]
+    text = (f"{plural(big.nodes, 'node')} cost {big.seconds / base.seconds:.2f}× a 1-row decode pass here "
+            f"({base.seconds * 1e3:.0f} → {big.seconds * 1e3:.0f} ms). Where a decode pass is memory-bound (a GPU "
+            "reading the weights once for every row), extra rows ride along almost free; where the matmuls are "
+            "compute-bound after a few rows (a CPU core), every node costs time and the tree must earn it back in "
+            f"τ. Each point is the median of {plural(base.runs, 'pass', 'passes')}, the sizes timed in turn so that "
+            "a burst of load on this shared CPU falls on all of them; the bars span the fastest to the slowest "
+            "pass. Other work on the machine can still move a point between presses")
+    flips = cost_inversions(costs)
+    if flips:
+        a, b = flips[0]
+        text += (f": here {plural(b.nodes, 'node')} measured faster than {plural(a.nodes, 'node')} "
+                 f"({b.seconds * 1e3:.0f} against {a.seconds * 1e3:.0f} ms), which is such noise: a pass over more "
+                 "rows does no less work")
+    return text + ". Measure again to compare."
 
 
 # ---- how the heads were trained ------------------------------------------------------------------

@@ -14,6 +14,7 @@ from app.analysis.speculative import DrafterRun, speedup_vs_plain
 from app.analysis.tree_spec import FINAL, ROOT, TreePoint, VerifyCost, draft_tree_graph, mask_labels, round_tree
 from app.charts.axes import step_range, step_ticks
 from app.charts.speculative import ACCEPTED, BONUS, REJECTED, RESAMPLED, UNVERIFIED
+from app.formatting import plural
 from app.theme import MUTED, TREE_LABEL_PX
 
 ROOT_COLOR = "#374151"
@@ -23,6 +24,8 @@ STATUS_NAMES = {"accepted": "accepted (on the kept path)", "rejected": "checked 
                 "unreached": "never reached (parent rejected)", "bonus": "bonus token (all of a path kept)",
                 "resampled": "target's own token (no child matched)"}
 RUN_COLORS = {"plain": "#6B7280", "medusa": "#E69F00", "eagle": "#009E73"}
+# Short enough for one line at presentation size in a full-width column at 1280 px (a longer one was cut).
+TREE_NUMBERS = "grey: q, the drafter's probability of each token · ◆ p: the target's probability of its own token"
 
 
 def prob_text(p: float) -> str:
@@ -38,7 +41,8 @@ def _label(text: str, limit: int = 11) -> str:
 
 def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     """Left to right: root (the last sampled token), the drafted nodes by depth, and the token the
-    round added after the accepted path. Node text: token and drafter probability q."""
+    round added after the accepted path. Node text: token and drafter probability q (the final token: the
+    target's probability p), named in the subtitle."""
     g = draft_tree_graph(r)
     pos = {n: (-y, -x) for n, (x, y) in tidy_layout(g, ROOT).items()}  # depth on x, leaves down the page
     fig = go.Figure()
@@ -92,7 +96,9 @@ def draft_tree_figure(r: dict[str, Any], title: str | None = None) -> go.Figure:
     leaves = -min(y for _, y in pos.values())
     fig.update_xaxes(visible=False, range=[-0.3, depth + 0.9])
     fig.update_yaxes(visible=False, range=[-leaves - 0.7, 0.7])
-    fig.update_layout(title=title or "Draft tree", hovermode="closest",
+    # The numbers beside the nodes, named: on a projector a rejected node's "0.90" beside the final token's
+    # "p 0.52" read as a contradiction. They are two models' probabilities of two different tokens.
+    fig.update_layout(title=dict(text=title or "Draft tree", subtitle=dict(text=TREE_NUMBERS)), hovermode="closest",
                       legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="left", x=0))
     return fig
 
@@ -137,9 +143,9 @@ def tokens_per_round_figure(points: list[TreePoint], selected: int | None = None
     if points:
         fig.add_scatter(x=[p.step for p in points], y=[p.tokens for p in points], mode="markers", name="one round",
                         marker=dict(size=8, color=ACCEPTED, opacity=0.55),
-                        customdata=[[p.request_id, p.nodes, p.depth] for p in points],
+                        customdata=[[p.request_id, plural(p.nodes, "node"), p.depth] for p in points],
                         hovertemplate="step %{x}, %{customdata[0]}: %{y} tokens from a tree of %{customdata[1]} "
-                                      "nodes (depth %{customdata[2]})<extra></extra>")
+                                      "(depth %{customdata[2]})<extra></extra>")
         run, total = [], 0
         for i, p in enumerate(points, 1):
             total += p.tokens
@@ -167,10 +173,19 @@ def verify_cost_figure(costs: list[VerifyCost], plain_seconds: float | None = No
                         subplot_titles=["one target pass vs tree nodes (measured now)"]
                         + (["tokens per pass vs node budget (bench/spec.py)"] if taus else []))
     base = costs[0].seconds if costs else None
+    # The repeats' spread as a bar: on a shared CPU a single burst of load moves a point by tens of ms.
+    spread = all(c.fastest == c.fastest and c.slowest == c.slowest for c in costs)
+    error = dict(type="data", symmetric=False, color="#0072B2", thickness=1.5, width=5,
+                 array=[(c.slowest - c.seconds) * 1e3 for c in costs],
+                 arrayminus=[(c.seconds - c.fastest) * 1e3 for c in costs]) if spread else None
     fig.add_scatter(x=[c.nodes for c in costs], y=[c.seconds * 1e3 for c in costs], mode="lines+markers",
-                    line=dict(color="#0072B2", width=3), marker=dict(size=9), name="verification pass",
-                    customdata=[[c.seconds / base if base else math.nan] for c in costs],
-                    hovertemplate="%{x} nodes: %{y:.1f} ms (%{customdata[0]:.2f}× a 1-row decode)<extra></extra>",
+                    line=dict(color="#0072B2", width=3), marker=dict(size=9), name="verification pass (median)",
+                    error_y=error,
+                    customdata=[[plural(c.nodes, "node"), c.seconds / base if base else math.nan, c.fastest * 1e3,
+                                 c.slowest * 1e3] for c in costs],
+                    hovertemplate="%{customdata[0]}: median %{y:.1f} ms (%{customdata[1]:.2f}× a 1-row decode)"
+                                  + ("<br>fastest %{customdata[2]:.1f}, slowest %{customdata[3]:.1f} ms" if spread
+                                     else "") + "<extra></extra>",
                     row=1, col=1)
     fig.update_xaxes(title_text="tree nodes (rows = nodes + 1)", row=1, col=1)
     fig.update_yaxes(title_text="ms per pass", rangemode="tozero", row=1, col=1)

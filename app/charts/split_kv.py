@@ -51,8 +51,10 @@ def split_scores_chart(trace: SplitKVTrace) -> go.Figure:
                        text=f"M = max over splits of m_s = {trace.m:.3f}", font=dict(color=MUTED))
     fig.add_scatter(x=[None], y=[None], mode="markers", name="each split's max m_s",
                     marker=dict(size=12, symbol="diamond", color=MUTED))
+    # The splits that run, as the engine's launcher counts them; the S asked for when the tiles fill fewer.
+    asked = f" (S = {trace.asked})" if trace.asked != trace.splits else ""
     fig.update_layout(title=f"Head {trace.head}: {plural(n, 'key')} in {plural(trace.num_tiles, 'tile')} of {bn}, "
-                            f"dealt to {plural(trace.splits, 'split')}",
+                            f"dealt to {plural(trace.splits, 'split')}{asked}",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
     pad = max(1.0, 0.02 * n)  # room for a diamond on the first or last key
     lo = min(scores)

@@ -2,11 +2,13 @@
 engine's split plan, and what splitting measured on the H200."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 import torch
 
-from kernels.split_kv_trace import SplitKVTrace, split_kv_decode
+from kernels.split_kv_trace import SplitKVTrace, launched_splits, split_kv_decode
 
 from app.analysis.flash_qkv import LayerQKV
 from app.analysis.split_kv import (GpuShape, PlannerRule, kernel_check, kv_bytes, load_split_bench, merge_bytes,
@@ -40,11 +42,15 @@ def decoding_section(token_ids: tuple[int, ...], layer: int, head: int, block_n:
         "newest token (row N − 1, which sees all N keys, exactly what a decode step computes), same layer and "
         "query head as above.")
     c = st.columns([2, 3, 3])
-    splits = int(c[0].select_slider("Splits S (programs per KV head)", SPLIT_CHOICES, value=4, key="flash-splits"))
+    splits = int(c[0].select_slider("Splits S (programs per KV head)", SPLIT_CHOICES, value=4, key="flash-splits",
+                                    help="The S asked for. As in the engine's launcher, each split gets "
+                                         "ceil(tiles / S) whole K tiles, and a split left without a tile never "
+                                         "runs: fewer tiles than S run fewer programs"))
     layout_label = c[1].radio("How the K tiles are dealt", list(LAYOUTS), key="flash-split-layout",
                               help="The engine's decode kernel gives split s the tiles s, s + S, s + 2S, …: its first "
                                    "tile is then known from the program id alone, before the context length "
-                                   "arrives. The Flash-Decoding write-up uses contiguous ranges; the merge is the same.")
+                                   "arrives. The Flash-Decoding write-up uses contiguous ranges; the merge is the "
+                                   "same.")
     trace: SplitKVTrace = _cached(
         ("splitkv", token_ids, layer, head, block_n, splits, layout_label),
         lambda: split_kv_decode(qkv.q[-1].float().cpu(), qkv.k.float().cpu(), qkv.v.float().cpu(), qkv.scale,
@@ -57,7 +63,7 @@ def decoding_section(token_ids: tuple[int, ...], layer: int, head: int, block_n:
         show_figure(merge_chart(trace), key="flash-split-merge", height=430)
     st.markdown(r"$\displaystyle M = \max_s m_s,\quad L = \sum_s e^{\,m_s - M}\,\ell_s,\quad "
                 r"O = \frac{1}{L}\sum_s e^{\,m_s - M}\,\mathrm{acc}_s$")
-    st.caption(split_caption(trace, block_n, rule.decode_tile))
+    st.caption(split_caption(trace, rule.decode_tile))
     _plan_part(hq, hkv, gpu, rule)
     _measured_part()
     if torch.device(device()).type == "cuda":
@@ -68,38 +74,74 @@ def _metrics(trace: SplitKVTrace, hq: int, hkv: int, d: int, sms: int) -> None:
     m = st.columns(4)
     m[0].metric("Keys the decode row sees", f"{trace.seq_len:,}",
                 help=f"{plural(trace.num_tiles, 'K tile')} of {trace.block_n} keys (the K tile control above)")
-    used = sum(1 for p in trace.partials if p.keys)
+    # The splits that run, not the S asked for: the launcher starts no program for a split without a tile.
     m[1].metric("Programs at batch 1", f"{hkv * trace.splits}",
-                delta=f"{hkv} without splits, {sms} SMs", delta_color="off", delta_arrow="off",
-                help=f"{hkv} KV heads × {trace.splits} splits"
-                     + ("" if used == trace.splits else f"; {trace.splits - used} of the splits own no tile here "
-                        "(more splits than tiles): their programs still start and write an empty partial (max −∞), "
-                        "which the merge reads and weighs by 0, as the kernel does"))
+                delta=(f"{hkv} without splits, {sms} SMs" if trace.asked == trace.splits else
+                       f"{trace.splits} of S = {trace.asked} splits run"), delta_color="off", delta_arrow="off",
+                help=f"{hkv} KV heads × {plural(trace.splits, 'split')} that run" + dropped_splits_text(trace))
     m[2].metric("Merged vs one pass", f"{trace.max_abs_diff:.1e}",
                 help="Largest |difference| over all heads and dimensions between the merged output and softmax(qKᵀ)V "
                      "over all keys at once, both in fp32: float rounding, so the merge is exact")
     merge = merge_bytes(hq, trace.splits, d)
     m[3].metric("The merge reads", fmt_bytes(merge) if merge else "nothing",
-                help=f"Each split's fp32 accumulator ({d} numbers), max and sum, per query head; the splits read "
-                     f"{fmt_bytes(kv_bytes(trace.seq_len, hkv, d))} of bf16 K and V for this layer between them. "
-                     "With one split the kernel writes the output directly and skips the merge")
+                help=f"Each of the {plural(trace.splits, 'split')} that run leaves its fp32 accumulator ({d} numbers), "
+                     f"max and sum, per query head; the splits read {fmt_bytes(kv_bytes(trace.seq_len, hkv, d))} of "
+                     "bf16 K and V for this layer between them. With one split the kernel writes the output directly "
+                     "and skips the merge")
 
 
-def split_caption(trace: SplitKVTrace, block_n: int, kernel_tile: int) -> str:
-    """What the two charts show for this prompt: where the row's max sits and how the shares fall."""
-    owners = [p for p in trace.partials if p.keys]
-    top = max(owners, key=lambda p: p.m)
-    biggest = max(owners, key=lambda p: p.weight)
+def dropped_splits_text(trace: SplitKVTrace) -> str:
+    """Why fewer splits run than S asked for (empty when all of them run): the launcher's own rule."""
+    if trace.asked == trace.splits:
+        return ""
+    per = math.ceil(trace.num_tiles / trace.asked)
+    return (f". S = {trace.asked} gives each split {plural(per, 'tile')} of {trace.block_n} keys, so "
+            f"{plural(trace.num_tiles, 'tile')} fill {plural(trace.splits, 'split')}: the engine's launcher (`plan` "
+            "in kernels/paged_attention_triton.py) starts no program for a split that would own no tile, so the "
+            f"other {trace.asked - trace.splits} of the {trace.asked} never run and the merge reads nothing from them")
+
+
+def split_caption(trace: SplitKVTrace, kernel_tile: int) -> str:
+    """What the two charts show for this prompt: where the row's max sits and how the shares fall, or why only
+    one split runs; and how the kernel's own tile size would deal these keys."""
+    if trace.splits == 1:
+        return _one_split_text(trace) + _kernel_tile_text(trace, kernel_tile)
+    top = max(trace.partials, key=lambda p: p.m)
+    biggest = max(trace.partials, key=lambda p: p.weight)
     text = (f"Each split sees only its own keys, so its max m_s (diamonds) is a local one; split {top.split} holds "
             f"the row's max M = {trace.m:.3f}. The merge multiplies every split's sum and output by exp(m_s − M) ≤ 1, "
             f"the same rescale the online softmax applies when its max grows, once per split instead of once per "
             f"tile. Split {biggest.split} carries {100 * biggest.weight:.0f} % of the row's softmax mass")
-    if trace.scores.numel() and int(trace.scores.argmax()) == 0:
+    if trace.scores.numel() and int(trace.scores.argmax()) == 0 and biggest.split == trace.owner[0]:
         text += " (key 0, an attention sink, is in its first tile)"
     text += (". Change S or the dealing: the shares move, the output does not (the metric above stays at float "
-             f"rounding). The engine's kernel uses {kernel_tile}-key tiles for decode; {block_n}-key "
-             "tiles here keep a short prompt's splits visible.")
-    return text
+             "rounding).")
+    return text + _kernel_tile_text(trace, kernel_tile)
+
+
+def _one_split_text(trace: SplitKVTrace) -> str:
+    if trace.asked == 1:
+        return ("One split: its program streams every tile itself and writes the output directly, with nothing to "
+                "merge. Raise S to cut the keys over several programs.")
+    fit = "fits" if trace.seq_len == 1 else "fit"
+    return (f"The row's {plural(trace.seq_len, 'key')} {fit} in {plural(trace.num_tiles, 'tile')} of {trace.block_n}, "
+            f"so one split runs whatever S asks (the launcher drops splits that would own no tile) and writes the "
+            "output directly, with nothing to merge. A smaller K tile or a longer prompt splits the keys.")
+
+
+def _kernel_tile_text(trace: SplitKVTrace, kernel_tile: int) -> str:
+    """How the engine's decode tile would deal these keys at the same S, so the chart's tile size is not read
+    as the kernel's (a fixed "small tiles keep the splits visible" was false at 128-key tiles)."""
+    if trace.block_n == kernel_tile:
+        return f" The engine's kernel uses the same {kernel_tile}-key tiles for decode."
+    kernel = launched_splits(math.ceil(trace.seq_len / kernel_tile), trace.asked)
+    text = (f" The engine's kernel uses {kernel_tile}-key tiles for decode: asked for S = {trace.asked}, it would "
+            f"run {plural(kernel, 'split')} on these keys")
+    if kernel == trace.splits:
+        return text + ", as here."
+    if kernel < trace.splits:
+        return text + f"; {trace.block_n}-key tiles here show {trace.splits}, so a short prompt's splits stay visible."
+    return text + f"; {trace.block_n}-key tiles here leave {trace.splits}."
 
 
 def _plan_part(hq: int, hkv: int, gpu: GpuShape, rule: PlannerRule) -> None:
@@ -145,9 +187,9 @@ def _measured_part() -> None:
     st.caption(f"Recorded with `{bench.command}` on the {bench.device} (`bench/results/split_kv_h200.json`): one "
                "decode step's attention for one layer, bf16, 16-token pages in shuffled order, CUDA-graph timed. "
                f"Splitting pays most where the GPU was emptiest: batch {best.batch} at {best.context:,} tokens, "
-               f"{best.gain:.1f}× ({best.one_split_us:.0f} → {best.split_us:.1f} µs); at batch 64 the sequences already fill "
-               "the GPU and the splits add at most a few per cent. The chart's hover also gives torch SDPA on a "
-               "contiguous cache, the reference the kernel is benchmarked against.")
+               f"{best.gain:.1f}× ({best.one_split_us:.0f} → {best.split_us:.1f} µs); at batch 64 the sequences "
+               "already fill the GPU and the splits add at most a few per cent. The chart's hover also gives torch "
+               "SDPA on a contiguous cache, the reference the kernel is benchmarked against.")
 
 
 def _kernel_part(token_ids: tuple[int, ...], layer: int, splits: int, qkv: LayerQKV) -> None:

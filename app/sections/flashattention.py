@@ -12,6 +12,7 @@ from kernels.flash_trace import FlashTrace, flash_attention_tiled
 from app.analysis.flash_compare import (MATRIX_DTYPE, STATE_DTYPE, AttentionMemory, MethodResult, compare_methods,
                                         kernel_tiles_text, largest_cpu_cache, memory_table)
 from app.analysis.flash_qkv import LayerQKV, layer_qkv
+from app.analysis.flashattention_tiles import tile_shares
 from app.charts.flash_tiles import future_tiles, method_chart, online_softmax_chart, score_matrix, tile_grid
 from app.formatting import fmt_bytes, plural
 from app.runtime import backend_summary, device, dtype_name, shared_weights, weights_mode
@@ -191,19 +192,24 @@ def head_matrices(qkv: LayerQKV, head: int) -> tuple[torch.Tensor, torch.Tensor]
 def tiles_section(s: FlashSettings, trace: FlashTrace, scores: torch.Tensor) -> None:
     st.subheader("The tile schedule, and one row's online softmax")
     m = st.columns(5)
-    total = trace.num_q_tiles * trace.num_k_tiles
-    m[0].metric("Tile pairs", f"{total}", help=f"{trace.num_q_tiles} Q tiles × {trace.num_k_tiles} K tiles")
+    shares = tile_shares(trace)
+    m[0].metric("Tile pairs", f"{shares.pairs}", help=f"{trace.num_q_tiles} Q tiles × {trace.num_k_tiles} K tiles")
     # Short labels: one that wraps at 1280 px drops its value below the row's others.
     m[1].metric("Full (no mask)", trace.count("full"), help="tiles computed without a causal mask")
     m[2].metric("Diagonal (masked)", trace.count("diagonal"))
-    # A share, not a change: without delta_arrow="off" st.metric drew an ↑ in front of it.
-    m[3].metric("Skipped by causality", trace.count("skipped"),
-                delta=f"{trace.count('skipped') / total:.0%} never loaded", delta_color="off",
-                delta_arrow="off")
-    computed = sum(t.scores for t in trace.tiles)
-    m[4].metric("Scores computed", f"{computed / trace.seq_len ** 2:.0%} of N²",
-                help=f"{computed:,} of {trace.seq_len ** 2:,}; the exact causal half is "
-                     f"{trace.seq_len * (trace.seq_len + 1) // 2:,}: the diagonal tiles compute a few masked extras")
+    # A share, not a change: without delta_arrow="off" st.metric drew an ↑ in front of it. Its unit is said
+    # ("of tile pairs") because the next metric is a share of scores: side by side, 25 % and 85 % read as 110 %.
+    m[3].metric("Skipped by causality", shares.skipped_pairs,
+                delta=f"{shares.skipped_pair_share:.0%} of tile pairs, never loaded", delta_color="off",
+                delta_arrow="off",
+                help=f"A share of tile pairs, not of scores: the skipped tiles hold {shares.skipped_scores:,} of the "
+                     f"{shares.scores:,} scores ({shares.skipped_score_share:.0%} of N²); tiles on the grid's last "
+                     "row and column are cut short by N, so a tile's share and its scores' share differ")
+    m[4].metric("Scores computed", f"{shares.computed_score_share:.0%} of N²",
+                delta=f"{shares.computed_scores:,} of {shares.scores:,} scores", delta_color="off", delta_arrow="off",
+                help="A share of score entries, not of tile pairs; the exact causal half is "
+                     f"{trace.seq_len * (trace.seq_len + 1) // 2:,}: the diagonal tiles compute a few masked extras. "
+                     f"The other {shares.skipped_scores:,} lie in the skipped tiles")
     row_scores = scores[s.row, : s.row + 1]
     exact_m = float(row_scores.max())
     exact_l = float(torch.exp(row_scores - exact_m).sum())

@@ -6,10 +6,11 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import (BENCH_COMMAND, DRAFTER_LABELS, bench_c, bench_rows, chain_rows, compare_drafters,
-                                      current_gamma, expected_tokens_per_pass, load_bench, measured_c,
-                                      predicted_speedup, round_sentence, rule_caption, spec_series, speedup_vs_plain,
-                                      step_rounds, step_skipped)
+from app.analysis.speculative import (ALL_DRAFTERS_BENCH, BENCH_COMMAND, DRAFTER_LABELS, bench_c, bench_drafter_label,
+                                      bench_rows, bench_setup, chain_rows, closed_form_caption, compare_drafters,
+                                      cost_options, current_gamma, expected_tokens_per_pass, load_bench, measured_c,
+                                      other_bench_note, predicted_speedup, round_sentence, rule_caption, spec_series,
+                                      speedup_vs_plain, step_rounds, step_skipped)
 from app.charts.speculative import (acceptance_figure, bench_figure, closed_form_figure, compare_figure,
                                     round_figure, time_split_figure)
 from app.runtime import server_engine_settings, shared_weights
@@ -153,7 +154,7 @@ def closed_form_section(session: EngineSession, history: list[StepRecord], page:
     bench = load_bench()
     c_live = measured_c(history)
     c_bench = bench_c(bench, cfg.spec_drafter)
-    options = [o for o, v in (("measured in this run", c_live), ("from the benchmark", c_bench)) if v is not None]
+    options = cost_options(c_live, bench, cfg.spec_drafter, cfg.spec_draft_layers)
     # The engine's γ: the last round of a request can draft fewer (capped by its max_tokens), which made the
     # prediction jump to "γ = 3" after Run to end in a γ = 4 scenario.
     gamma = cfg.spec_gamma if cfg.spec_gamma > 0 else current_gamma(history, cfg.spec_gamma)
@@ -168,13 +169,18 @@ def closed_form_section(session: EngineSession, history: list[StepRecord], page:
                           help=f"starts at the {alpha_src} α of this run up to the selected step")
         legend_src = "assumed" if alpha_src != "measured" else ("chosen" if abs(alpha - start) > 0.005 else "measured")
         if options:
-            src = st.radio("c (draft cost / target pass cost)", options, key=f"{page}-c-src")
-            c = c_live if src == "measured in this run" and c_live is not None else (c_bench or 0.0)
+            # Keyed by the choices offered: when this run's own c appears (or the benchmark's drops out as another
+            # drafter's), the choice starts again at the preferred one instead of keeping an older pick.
+            labels = [o.source for o in options]
+            src = st.radio("c (draft cost / target pass cost)", labels,
+                           key=f"{page}-c-src-{'-'.join(o.source.split()[-1] for o in options)}")
+            chosen = options[labels.index(src)]
+            c, why = chosen.value, f"{chosen.source}: {chosen.why}"
         else:
-            src, c = "assumed", 0.0
-        st.markdown(f"**c = {c:.3g}** ({src})  \n"
+            c, why = 0.0, "assumed: no round yet and no benchmark row for this drafter"
+        st.markdown(f"**c = {c:.3g}** ({why})  \n"
                     f"c this run: {'–' if c_live is None else f'{c_live:.3g}'} · "
-                    f"benchmark mean for {DRAFTER_LABELS.get(cfg.spec_drafter, 'this drafter')}: "
+                    f"benchmark mean for {bench_drafter_label(bench, cfg.spec_drafter)}: "
                     f"{'–' if c_bench is None else f'{c_bench:.3g}'}")
         st.caption("This run's c = (draft seconds / drafted tokens) / (verify seconds / verifying steps). "
                    "The verify time here includes the 1 + γ rows of the pass, so it is a little above a plain "
@@ -190,10 +196,7 @@ def closed_form_section(session: EngineSession, history: list[StepRecord], page:
         show_figure(closed_form_figure(alpha, gamma, c, last.tokens_per_pass if last and last.rounds else None,
                                        measured_sp, alpha_source=legend_src),
                     key=f"{page}-closed-form", height=430, export_width=1000)
-    st.caption("The measured tokens per pass (◆) sits below the curve when lookup found no match (plain "
-               "passes of 1 token) or when α is not the same for every draft; the measured speedup (◇, from the "
-               "drafter comparison below) usually sits below the predicted one because the verification pass is "
-               "not free, and moves with this shared machine's load from run to run.")
+    st.caption(closed_form_caption(cfg.spec_drafter))
 
 
 def bench_section() -> None:
@@ -204,8 +207,7 @@ def bench_section() -> None:
             st.caption(f"No benchmark file: run `{BENCH_COMMAND}`.")
             return
         st.caption(f"`{bench.get('command', 'bench/spec.py')}` · {bench.get('model')} on {bench.get('device')}, "
-                   f"{bench.get('threads')} thread(s), {bench.get('max_tokens')} new tokens per prompt, greedy, "
-                   f"batch 1, early exit = first {bench.get('draft_layers')} of 30 layers"
+                   f"greedy, batch 1: {bench_setup(bench)}; early exit = first {bench.get('draft_layers')} of 30 layers"
                    + (", distilled draft model = 2 layers of its own" if any(
                        r["drafter"] == "draft_model" for r in bench.get("rows", [])) else "")
                    + ". c measured per drafted token; v = verification pass / plain pass.")
@@ -240,7 +242,9 @@ def bench_section() -> None:
                  if below else "")
         st.caption("τ: tokens per verification pass, measured and by the closed form; speedup: measured, by the "
                    "closed form, and by the closed form with the verification pass's measured cost v; same: "
-                   "identical tokens to plain decoding." + noise)
+                   "identical tokens to plain decoding." + noise
+                   + other_bench_note(bench, load_bench(ALL_DRAFTERS_BENCH),
+                                      f"The Medusa and EAGLE page's table (bench/results/{ALL_DRAFTERS_BENCH.name})"))
 
 
 def compare_section(session: EngineSession, page: str) -> None:

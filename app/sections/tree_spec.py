@@ -6,12 +6,14 @@ import streamlit as st
 
 from engine.trace import StepRecord
 
-from app.analysis.speculative import (ALL_DRAFTERS_BENCH, ALL_DRAFTERS_BENCH_COMMAND, DRAFTER_LABELS, load_bench,
-                                     speedup_vs_plain)
-from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, mean_tokens_per_round, round_sentence,
-                                    training_summary, tree_rounds, tree_series, verify_cost_sweep)
+from app.analysis.speculative import (ALL_DRAFTERS_BENCH, ALL_DRAFTERS_BENCH_COMMAND, BENCH_PATH, DRAFTER_LABELS,
+                                      bench_setup, load_bench, other_bench_note, speedup_vs_plain)
+from app.analysis.tree_spec import (TREE_LABELS, compare_tree_drafters, cost_caption, mask_caption,
+                                    mean_tokens_per_round, round_sentence, training_summary, tree_rounds, tree_series,
+                                    verify_cost_sweep)
 from app.charts.draft_tree import (draft_tree_figure, tokens_per_round_figure, tree_compare_figure, tree_height,
                                    tree_mask_figure, verify_cost_figure)
+from app.formatting import plural
 from app.runtime import server_engine_settings, shared_weights
 from app.session import EngineSession
 from app.state import page_cache
@@ -25,6 +27,7 @@ from app.widgets.round_picker import latest_rounds, pick_round
 from app.widgets.spec_metrics import drafting_time_metric, step_tokens_metric
 
 TREE_DRAFTERS = ("eagle", "medusa")
+COST_REPEATS = 5  # verification passes per tree size: the median of five rides out most bursts of load
 
 
 def tree_explanation() -> None:
@@ -92,12 +95,12 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
     points = tree_series(history)
     m = st.columns(5)
     drafting = cfg.spec_drafter in TREE_DRAFTERS
-    shape = (f"{cfg.spec_tree_nodes} nodes" + (f", depth {cfg.spec_tree_depth}, top-{cfg.spec_tree_topk}"
-                                              if cfg.spec_drafter == "eagle" else
-                                              f", top-{cfg.spec_tree_topk} per head"))
+    shape = plural(cfg.spec_tree_nodes, "node") + (f", depth {cfg.spec_tree_depth}, top-{cfg.spec_tree_topk}"
+                                                   if cfg.spec_drafter == "eagle" else
+                                                   f", top-{cfg.spec_tree_topk} per head")
     # As on the speculative page: a short value, the tree's shape in the grey chip beneath it.
     m[0].metric("Drafter", TREE_LABELS.get(cfg.spec_drafter, cfg.spec_drafter),
-                delta=f"{cfg.spec_tree_nodes} nodes" if drafting else None, delta_color="off", delta_arrow="off",
+                delta=plural(cfg.spec_tree_nodes, "node") if drafting else None, delta_color="off", delta_arrow="off",
                 help=shape if drafting else None)
     tau = mean_tokens_per_round(points)
     m[1].metric("τ so far", f"{tau:.2f}" if tau else "–", help="mean tokens per verification pass (accepted + 1)")
@@ -121,6 +124,7 @@ def tree_step_section(session: EngineSession, record: StepRecord, history: list[
         left, right = st.columns([1, 1.25])
         with left:
             show_figure(tree_mask_figure(chosen), key=f"{page}-mask", height=470, export_width=800)
+            st.caption(mask_caption(chosen))
         with right:
             show_figure(tokens_per_round_figure(points, record.step, len(history)), key=f"{page}-tau", height=470)
     with st.expander("Requests at this step", expanded=False):
@@ -134,7 +138,8 @@ def _bench_taus() -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for r in bench.get("rows", []):
         if r["drafter"] in TREE_DRAFTERS and r["workload"] == "unseen":
-            out.setdefault(f"{TREE_LABELS[r['drafter']]} (unseen prompts)", []).append((r["gamma"], r["tokens_per_pass"]))
+            out.setdefault(f"{TREE_LABELS[r['drafter']]} (unseen prompts)", []).append(
+                (r["gamma"], r["tokens_per_pass"]))
     return out
 
 
@@ -149,16 +154,11 @@ def cost_section(session: EngineSession, page: str) -> None:
             st.error("No engine: fix the settings above first.")
         else:
             with st.spinner("Timing target passes with 0–64 tree rows…"):
-                cache["cost"] = verify_cost_sweep(session.engine)
+                cache["cost"] = verify_cost_sweep(session.engine, repeats=COST_REPEATS)
     costs = cache.get("cost")
     if costs:
         show_figure(verify_cost_figure(costs, taus=_bench_taus() or None), key=f"{page}-cost-fig", height=400)
-        c64 = next((c for c in costs if c.nodes == 64), costs[-1])
-        st.caption(f"{c64.nodes} nodes cost {c64.seconds / costs[0].seconds:.2f}× a 1-row decode pass here "
-                   f"({costs[0].seconds * 1e3:.0f} → {c64.seconds * 1e3:.0f} ms). Where a decode pass is memory-bound "
-                   "(a GPU reading the weights once for every row), extra rows ride along almost free; where the "
-                   "matmuls are compute-bound after a few rows (a CPU core), every node costs time and the tree "
-                   "must earn it back in τ.")
+        st.caption(cost_caption(costs))
     else:
         st.caption("Press **Measure verification cost** (a few seconds on the CPU).")
 
@@ -176,16 +176,15 @@ def bench_section() -> None:
                 continue
             tree = r["drafter"] in TREE_DRAFTERS
             rows.append({"workload": r["workload"], "drafter": DRAFTER_LABELS.get(r["drafter"], r["drafter"]),
-                         "γ or nodes": f"{r['gamma']} nodes" if tree else f"γ = {r['gamma']}",
+                         "γ or nodes": plural(r["gamma"], "node") if tree else f"γ = {r['gamma']}",
                          "tokens per pass (τ)": r["tokens_per_pass"], "speedup": r["speedup"],
                          "same tokens as plain": r["identical_to_plain"]})
-        sizes = sorted(set(bench.get("workloads", {}).values())) or ["?"]
-        per = "-".join(str(n) for n in (sizes[0], sizes[-1])) if len(sizes) > 1 else str(sizes[0])
-        st.caption(f"`{bench.get('command')}` · greedy, batch 1, {per} prompts per workload, {bench.get('max_tokens')} "
-                   "new tokens per prompt; 'unseen' prompts are on topics and in phrasings the heads were not "
-                   "trained on. τ is exact (greedy, counted); the speed-up is wall time on a 2-core CPU and moves by "
-                   "tens of percent between runs, so two rows with the same τ can differ in it: read small "
-                   "speed-up differences as noise.")
+        st.caption(f"`{bench.get('command')}` · greedy, batch 1: {bench_setup(bench)}; 'unseen' prompts are on "
+                   "topics and in phrasings the heads were not trained on. τ is exact (greedy, counted); the "
+                   "speed-up is wall time on a 2-core CPU and moves by tens of percent between runs, so two rows "
+                   "with the same τ can differ in it: read small speed-up differences as noise."
+                   + other_bench_note(bench, load_bench(BENCH_PATH),
+                                      f"The speculative decoding page's table (bench/results/{BENCH_PATH.name})"))
         # One workload at a time, every row of it in view: all of them at once scrolled inside a fixed height,
         # and the tree drafters (the rows this page is about) sat below the fold.
         workloads = list(dict.fromkeys(r["workload"] for r in rows))
@@ -214,7 +213,7 @@ def compare_section(session: EngineSession, page: str) -> None:
     st.subheader("Medusa vs EAGLE on the same requests")
     cfg = session.scenario.engine_config()
     st.markdown(f"Three fresh engines run this scenario to the end: **plain decoding**, **Medusa** and **EAGLE**, "
-                f"each tree with the knobs above ({cfg.spec_tree_nodes} nodes).")
+                f"each tree with the knobs above ({plural(cfg.spec_tree_nodes, 'node')}).")
     runs = comparison_runner(
         session, page, button_label="Run all three", button_key=f"{page}-compare",
         progress_text="Running plain, Medusa and EAGLE…", step_text="Running all three… round {n}",

@@ -14,10 +14,10 @@ import engine.result_store as store
 from engine.kv_compression import FORMATS, KVLab, Variant
 from engine.kv_compression.policies import EvictionPolicy
 
-from app.analysis.kv_compression import (PRESETS, REFERENCE, kept_counts, memory_frame, preset_rows,
-                                         rows_to_variants, summary_frame)
+from app.analysis.kv_compression import (PRESETS, REFERENCE, few_tokens_note, kept_counts, kl_chart_note,
+                                         memory_frame, preset_rows, rows_to_variants, summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
-                                       sink_figure, tradeoff_figure)
+                                       share_ticks, sink_figure, tradeoff_figure)
 from app.registry import PAGES
 from app.widgets.answer_rows import answer_rows_html, text_segments
 from tests.apptest_helpers import assert_clean, open_page, random_app  # noqa: F401 (fixture)
@@ -104,6 +104,8 @@ def test_summary_and_charts_of_a_run(small_run) -> None:  # noqa: ANN001
     for fig in figures:
         assert isinstance(fig, go.Figure) and fig.layout.title.text
     assert len(figures[0].data) == 4 and len(figures[1].data) == 3  # the reference has no KL line
+    # Round-trip errors as horizontal bars: each label at its own bar's end (upright, "50.9%42.5%" ran together).
+    assert all(b.orientation == "h" and b.textposition == "outside" for b in figures[3].data)
     # The KL chart counts generated tokens from 1 too: the first point is the second token, the prefill's own
     # prediction (step 0) having seen no compressed cache.
     assert list(figures[1].data[0].x) == list(range(2, len(result.variants[1].kl) + 1))
@@ -159,12 +161,17 @@ def test_page_runs_then_evicts_and_bad_input_keeps_the_results(random_app: AppTe
     assert not at.exception
     assert [e.value for e in at.error] == ["The prompt is empty: type something for the model to answer."]
     assert len(_summary(at)) == 4
-    # One token: nothing to scrub, every section still draws.
+    # One token: nothing to scrub, every section still draws, and the page says why every variant looks lossless
+    # and where the KL chart and the attention profile went.
     at.text_area(key=f"{PREFIX}-prompt").set_value("Say hi.")
     at.number_input(key=f"{PREFIX}-tokens").set_value(1)
     at.button(key=SUBMIT).click().run()
     assert_clean(at)
     assert [s.value for s in at.subheader] == SECTIONS and len(_summary(at)) == 4
+    assert any(i.value == few_tokens_note(1, 1) for i in at.info)
+    captions = [c.value for c in at.caption]
+    assert kl_chart_note(1) in captions and any(c.startswith("No attention profile") for c in captions)
+    assert not any("decoding every row together" in m.value for m in at.markdown)
     # A run that fails unexpectedly is a message; the page stays up with the last results.
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("out of memory (simulated)")
@@ -191,6 +198,36 @@ def test_answer_rows_keep_each_answer_on_its_own_row() -> None:
     out = answer_rows_html([("full", "#000", [1, 2, 3]), ("other", "#111", [1, 2, 4])], [1, 2, 3], decode, "t")
     assert "\n" not in out and out.count('class="t-row"') == 2 and out.count("⏎") == 4
     assert "&lt;b&gt;" in out and '<span class="t-diff">&lt;b&gt;</span>' in out
+
+
+def test_one_or_two_generated_tokens_are_explained() -> None:
+    """The first token comes from the exact prefill: with one, every variant reads 100 % and KL 0, and the page says
+    why instead of showing a lossless-looking table and silently dropping the KL chart."""
+    assert "Tokens to generate is 1" in few_tokens_note(1, 1) and "at least 2 tokens" in few_tokens_note(1, 1)
+    assert few_tokens_note(1, 32).startswith("The reference ended its answer at its first token")
+    assert few_tokens_note(2, 32) is None
+    assert "single point" in kl_chart_note(2) and kl_chart_note(1) and kl_chart_note(3) is None
+
+
+def test_sink_chart_axes_and_labels_read_apart() -> None:
+    """The right panel's axis on its right (its title sat over the left panel's bars), ticks with the decimals
+    their step needs (".0%" read "0%, 1%, 1%, 2%"), and position 0's label off the line on a white ground."""
+    from types import SimpleNamespace
+    assert share_ticks(0.02) == {"tickmode": "linear", "tick0": 0, "dtick": 0.005, "tickformat": ".1%"}
+    assert share_ticks(0.03)["dtick"] == 0.01 and share_ticks(0.03)["tickformat"] == ".0%"  # 0%, 1%, 2%, 3%
+    assert share_ticks(0.8)["tickformat"] == ".0%" and share_ticks(0.004)["tickformat"] == ".1%"
+    assert share_ticks(0.001)["tickformat"] == ".2%"
+    flat = np.full(40, 0.025)  # layer 0: position 0 no higher than the rest
+    result = SimpleNamespace(sink_share=np.linspace(0.01, 0.7, 30), last_attention=np.tile(flat, (30, 1)))
+    fig = sink_figure(result, 0, ["x"] * 40)
+    assert fig.layout.yaxis2.side == "right" and fig.layout.yaxis2.tickformat == ".1%"
+    assert fig.layout.yaxis.tickformat == ".0%"
+    [label] = fig.layout.annotations
+    assert label.text == "position 0: 2.5%" and label.ay < 0 and label.bgcolor
+    sink = flat.copy()
+    sink[0] = 0.6
+    result.last_attention = np.tile(sink, (30, 1))
+    assert sink_figure(result, 20, ["x"] * 40).layout.annotations[0].ay == 0  # above the rest: beside the marker
 
 
 def test_a_variant_on_an_earlier_ones_spot_is_drawn_smaller() -> None:

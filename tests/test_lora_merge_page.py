@@ -150,6 +150,8 @@ def test_charts_and_json_of_a_run(tiny_result) -> None:  # noqa: ANN001
         assert isinstance(fig, go.Figure) and fig.layout.title.text
     assert len(figs[0].data) == len(PARTS) + 1 and len(figs[0].data[0].y) == 4  # 2 batches x 2 deployments
     assert len(figs[3].data) == 4
+    # The line states the capacity the fits divide: 139.8 GiB, not "140 GiB" beside 557 merged (140 / 0.2506 = 558).
+    assert [a.text for a in figs[3].layout.annotations] == ["one H200: 139.8 GiB"]
     data = json.loads(result_json(r))
     assert data["answers"]["merged"]["token_ids"] == list(r.merged.token_ids)
     assert [t["deployment"] for t in data["timings"]] == ["merged", "unmerged", "merged", "unmerged"]
@@ -213,6 +215,14 @@ def test_bench_file(tmp_path) -> None:  # noqa: ANN001
     assert len(frame) == 4 and frame["extra"].iloc[0] == pytest.approx(0.9)
     fig = bench_figure({"CPU": frame})
     assert len(fig.data) == 2 and fig.layout.title.text
+    # Ranks in hues apart (tints of one orange left ranks 8 and 16 nearly alike), also to red-green colour blindness;
+    # the same rank keeps its colour on either device.
+    from app.charts.lora_merge import RANK_COLORS
+    from tests.color_distance import VISIONS, color_distance
+    assert min(color_distance(a, b, v) for i, a in enumerate(RANK_COLORS) for b in RANK_COLORS[i + 1:]
+               for v in VISIONS) > 15
+    both = bench_figure({"CPU": frame, "GPU": frame})
+    assert [t.line.color for t in both.data] == [RANK_COLORS[0], RANK_COLORS[1]] * 2
     # The GPU sentence gives the added milliseconds beside the relative cost (its lines above the CPU's read as
     # the GPU doing worse).
     assert section._gpu_extra_text(frame) == ("A GPU kernel fuses that work: in the bench below it adds 9 to 72 ms a "
@@ -237,6 +247,7 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert any("No trained adapter yet" in i.value for i in at.info)
     assert any("Merged and unmerged wrote the same 4 tokens" in s.value for s in at.success)
     assert [m.label for m in at.metric][:2] == ["Batch 1: unmerged", "Batch 2: unmerged"]
+    assert "On one H200 (139.8 GiB)" in [m.label for m in at.metric]
     charts = len(at.get("plotly_chart"))
     assert charts >= 4  # steps, anatomy, spectrum, memory (+ the bench's file when there is one)
     assert "CPU" in " ".join(c.value for c in at.caption)

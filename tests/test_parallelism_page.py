@@ -20,8 +20,8 @@ from engine.weights import default_config
 import app.sections.parallelism as section
 from app.analysis.parallelism import (allowed_degrees, batches_where_tp_pays, break_even_latency_us,
                                       collective_counts, collective_frame, degree_frame, ep_fits, ep_frame,
-                                      h200_stage_ms, imbalance_curve, lm_head_layers, load_h200, load_process_run,
-                                      memory_frame, pass_times, replicated_bytes, result_json, split_rows,
+                                      floor_fit_text, h200_stage_ms, imbalance_curve, lm_head_layers, load_h200,
+                                      load_process_run, memory_frame, pass_times, replicated_bytes, result_json, split_rows,
                                       stage_frame, token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, split_figure, tp_floor_figure)
@@ -193,6 +193,25 @@ def test_where_tp_pays_for_a_big_model() -> None:
     assert list(f["step_ms"]) == sorted(f["step_ms"], reverse=True)
     fig = tp_floor_figure(huge, big.name, 10.0)
     assert "does not fit" in fig.layout.annotations[0].text and len(fig.data) == 2
+    assert floor_fit_text(huge, ref.memory_bytes).startswith("the fastest that fits is TP = 8")
+
+
+def test_what_does_not_fit_is_named() -> None:
+    """405B at batch 128 and 65,536 tokens: at TP = 8 its weights fit an H200 (~94 GiB), the KV cache does not. The
+    page said "no degree up to 8 fits its weights"; it names the KV cache now, and the weights only when they fail."""
+    from engine.parallel.tp_scaling import DENSE_MODELS
+    from kernels.ceilings import REFERENCE_CEILINGS
+    ref = REFERENCE_CEILINGS["NVIDIA H200"]
+    big = next(x for x in DENSE_MODELS if x.name == "Llama 3.1 405B")
+    crowded = tp_floor_frame(big, 128, 65536, ref.ceilings.peak_bytes_per_s, ref.memory_bytes, 10.0)
+    assert not crowded["fits"].any()
+    text = floor_fit_text(crowded, ref.memory_bytes)
+    assert text.startswith("no degree up to 8 fits: at TP = 8 its weights fit (94.") and "KV cache" in text
+    assert "fits even its weights" not in text
+    weights_only = floor_fit_text(crowded[crowded["tp"] <= 4], ref.memory_bytes)
+    assert weights_only.startswith("no degree up to 4 fits even its weights on H200s (189.0 GiB a GPU at TP = 4")
+    labels = [a.text for a in tp_floor_figure(crowded, big.name, 10.0).layout.annotations]
+    assert labels[-1] == "598.5 GiB: does not fit<br>(94.5 weights + 504.0 KV)"
 
 
 def test_expert_arithmetic() -> None:
@@ -211,6 +230,27 @@ def test_expert_arithmetic() -> None:
     assert skewed["ratio"].iloc[1] > uniform["ratio"].iloc[1]  # but not a skewed one
     fig = imbalance_figure(curve, 256, 1.0)
     assert fig.data[-1].text[0].startswith("×") and fig.layout.title.text
+
+
+def test_tensor_parallel_degree_one_reads_sensibly(random_app: AppTest, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """TP = 1 compares nothing: no "one rank against 1", no "the same tokens on 1 and on 1 ranks", no "each rank
+    holds 100.0 % of the weights ... lets a model too large for one GPU run"; and one request is "1 request"."""
+    import dataclasses
+    monkeypatch.setattr(section, "H200_FILE", tmp_path / "none.json")
+    monkeypatch.setattr(section, "CPU_FILE", tmp_path / "none.json")
+    random_app.session_state[f"{PREFIX}-settings"] = section.PageSettings(
+        dataclasses.replace(SMALL, tp=1, micro_batches=1))
+    at = open_page(random_app, PAGE)
+    assert_clean(at)
+    heads = [s.value for s in at.subheader]
+    assert heads[1] == "Tensor parallelism, live: TP = 1, one rank, nothing split"
+    assert heads[3] == "Pipeline parallelism, live: 1 request through 2 stages"
+    assert not at.success and any("At TP = 1 one rank holds the whole model" in i.value for i in at.info)
+    text = " ".join(m.value for m in at.markdown)
+    assert "At TP = 1 one rank holds all the weights" in text and "Each rank holds" not in text
+    gantt = next(c for c in at.get("plotly_chart") if "pipeline stage" in c.proto.spec)
+    assert "1 request through 2 pipeline stages" in gantt.proto.spec
 
 
 def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypatch: pytest.MonkeyPatch,

@@ -16,7 +16,7 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import ForcedTokens
 from engine.test_time import (BudgetForcing, ScoredSample, TaskOutcome, TaskSetRun, TestTimeEngine, accuracy_curve,
                               extract_answer, load_tasks, majority_vote, select, vote_counts)
-from engine.test_time.scoring import rule_correct
+from engine.test_time.scoring import rule_correct, score_sample
 from engine.weights import hf_reference_model
 
 PROMPT = [{"role": "user", "content": "What is 2 + 6? Answer with a number."}]
@@ -130,6 +130,36 @@ def test_early_end_of_turn_becomes_wait_then_the_cue(real_weights, one_torch_thr
             prompt + out[:cut], SamplingParams(max_tokens=nxt - cut, ignore_eos=True))[0]
         assert list(plain.token_ids) == out[cut:nxt]
     assert eng.block_manager.num_free_blocks == eng.config.num_blocks
+
+
+def test_budget_answers_come_from_after_the_cue_only(tiny_weights) -> None:  # noqa: ANN001
+    """Under a budget a sample's answer is read from the cue on, at every step: none while it thinks (a number in
+    its thinking is not an answer), and what `extract_answer` finds after the cue once it is there."""
+    budget = BudgetForcing(min_thinking=0, max_thinking=5, answer_tokens=2)
+    eng = TestTimeEngine(EngineConfig(weights="random", num_blocks=64, block_size=8, profile_kernels=False),
+                         tiny_weights, budget=budget)
+    rid = eng.add_request("Count:", SamplingParams(max_tokens=2, temperature=1.0, seed=1, n=4))
+    eos = set(eng.model_config.eos_token_ids)
+    answered = 0
+    for record in _run(eng):
+        for s in record.extra("test_time")["requests"][rid]["samples"]:
+            if s["thinking"]:
+                assert s["answer"] is None
+                continue
+            tail = eng.tokenizer.decode([t for t in s["token_ids"][s["thinking_tokens"]:] if t not in eos])
+            assert tail.startswith(budget.cue_text) and s["answer"] == extract_answer(tail)
+            answered += 1
+    assert answered  # every sample reached the cue
+
+
+@pytest.mark.parametrize("text, after_cue, answer", [
+    # A sample cut after "Final answer:" answered nothing, whatever number it thought of before.
+    ("1\nFinal answer: ", "\nFinal answer: ", None),
+    ("I have 3 and 4\nFinal answer: 3 + 4 equals", "\nFinal answer: 3 + 4 equals", None),
+    ("2 and 5\nFinal answer: 7", "\nFinal answer: 7", "7")])
+def test_a_budget_sample_is_scored_on_what_follows_the_cue(text: str, after_cue: str, answer: str | None) -> None:
+    assert score_sample(0, text, [-1.0], 3, "7", after_cue).answer == answer
+    assert score_sample(0, text, [-1.0], 3, "7").answer == extract_answer(text)  # no budget: the whole text
 
 
 # ---- best-of-N -----------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from streamlit.testing.v1 import AppTest
 from engine.test_time import load_tasks
 from engine.tokenizer import default_tokenizer
 
-from app.analysis.test_time import (answer_counts, check_settings, library, sample_rows, still_writing,
-                                    task_settings)
+from app.analysis.test_time import (MAX_TEMPERATURE, answer_counts, check_settings, library, measure_setup,
+                                    request_label, sample_rows, still_writing, task_settings)
 from app.registry import PAGES
 from tests.apptest_helpers import assert_clean, open_page, random_app, session_of  # noqa: F401 (fixture)
 
@@ -32,13 +32,15 @@ def test_settings_are_checked_before_anything_runs() -> None:
     assert check_settings("Hi", None, 1, 0.0, 0, 8, (8, 16, 4), tok).budget.max_thinking == 16
     for args, match in [(("  ", None, 4, 0.8, 0, 24, None), "empty"), (("x" * 601, None, 4, 0.8, 0, 24, None), "600"),
                         (("Hi", None, 17, 0.8, 0, 24, None), "N must"), (("Hi", None, 4, 0.0, 0, 24, None), "temperature"),
-                        (("Hi", None, 4, 0.8, 0, 24, (20, 10, 4)), "budget")]:
+                        (("Hi", None, 4, 0.8, 0, 24, (20, 10, 4)), "budget"),
+                        (("Hi", None, 4, 2.5, 0, 24, None), "between 0 and 2,")]:
         try:
             check_settings(*args, tok)
         except ValueError as e:
             assert match in str(e), (match, e)
         else:
             raise AssertionError(f"accepted {args}")
+    assert check_settings("Hi", None, 4, MAX_TEMPERATURE, 0, 24, None, tok).temperature == 2.0
     scenarios = library(task_settings(load_tasks()[0]), load_tasks())
     assert len({s.name for s in scenarios}) == len(scenarios) and scenarios[0].requests[0].n == 8
 
@@ -47,6 +49,9 @@ def test_page_steps_samples_and_scrubs(random_app: AppTest) -> None:
     at = open_page(random_app, PAGE)
     assert_clean(at)
     assert any("torch" in c.value and "CPU" in c.value for c in at.caption)  # says it runs the CPU reference path
+    # The widget takes what the settings check accepts (it took 5, which the check then refused).
+    temp = at.number_input(key=f"{PREFIX}-temp")
+    assert (temp.min, temp.max) == (0.0, MAX_TEMPERATURE)
     for _ in range(3):
         at.button(key=f"{PREFIX}-btn-step").click().run()
         assert_clean(at)
@@ -114,11 +119,18 @@ def test_measure_accuracy_vs_n(random_app: AppTest, monkeypatch) -> None:  # noq
     assert_clean(at)
     run = at.session_state[f"page-cache:{PREFIX}"]["accuracy"]
     assert run.n == 8 and len(run.outcomes) == 2
-    assert any("Measured now" in c.value for c in at.caption)
+    # It says which set-up it measured: a fixed one, not the form's (whose changes left "Measured now" unexplained).
+    measured = next(c.value for c in at.caption if c.value.startswith("Measured in this session"))
+    assert measure_setup(2) in measured and "8 samples each at temperature 0.8" in measured
     # N, the tokens each point spent (the chart's x), then one column per rule
     table = next(d.value for d in at.dataframe if "tokens per question" in d.value.columns)
     assert list(table["N"]) == [1, 2, 4, 8] and list(table.columns[:2]) == ["N", "tokens per question"]
     assert table["tokens per question"].is_monotonic_increasing and "majority vote" in table.columns
+
+
+def test_the_request_picker_says_what_q_and_r0_are() -> None:
+    assert request_label("q") == "q: the question set in the form"
+    assert request_label("r0") == "r0: added with “Add a request now”"
 
 
 def test_closed_form_pass_at_n_uses_each_questions_p() -> None:

@@ -12,8 +12,9 @@ from streamlit.testing.v1 import AppTest
 from engine.weight_quant.lab import LabSettings, run_lab
 
 import app.sections.weight_quant as section
-from app.analysis.weight_quant import (BENCH_PATH, decode_bound_tok_s, load_bench, layer_frame, outlier_stats, result_json, results_frame,
-                                       worst_ratio_layer)
+from app.analysis.weight_quant import (BENCH_PATH, calibration_text, decode_bound_tok_s, fit_note, grid_text,
+                                       group_text, layer_frame, load_bench, outlier_stats, result_json,
+                                       results_frame, worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      quality_figure)
 from app.formatting import NO_VALUE
@@ -71,6 +72,21 @@ def test_tables_and_charts_of_a_run(tiny_result) -> None:  # noqa: ANN001
     assert [v["method"] for v in data["variants"]] == [None, "rtn", "awq", "gptq"]
 
 
+def test_texts_follow_the_methods_that_ran() -> None:
+    """Round-to-nearest alone is calibrated on nothing, and GPTQ's overfitting is named only when GPTQ ran; the grid
+    is "per channel" in the form, the sentence and the checkpoints' labels ("INT2 per channel")."""
+    alone = calibration_text(("rtn",), 2048, "chat")
+    assert alone.startswith("round-to-nearest uses no calibration: 2,048 tokens") and "calibrated on" not in alone
+    assert calibration_text(("rtn", "awq", "gptq"), 2048, "chat") == ("AWQ and GPTQ calibrated on 2,048 tokens of "
+                                                                       "**chat** text (round-to-nearest uses none)")
+    assert calibration_text(("gptq",), 512, "prose") == "GPTQ calibrated on 512 tokens of **prose** text"
+    assert "GPTQ's risk" in fit_note(("rtn", "gptq_act")) and "GPTQ's risk" not in fit_note(("rtn",))
+    assert fit_note(("rtn",)).startswith("round-to-nearest never looks") and "AWQ" in fit_note(("awq",))
+    from engine.weight_quant.grid import Grid
+    assert group_text(0) == "per channel" and Grid(2, 0).label == "INT2 per channel"
+    assert grid_text(0).startswith("one scale per output channel (per channel") and grid_text(32).startswith("groups")
+
+
 def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
     """One AppTest with a small run in place of the default (the default takes ~50 s on this CPU)."""
     random_app.session_state[f"{PREFIX}-settings"] = SMALL
@@ -79,6 +95,10 @@ def test_page_runs_and_keeps_results_on_bad_input(random_app: AppTest, monkeypat
     assert [s.value for s in at.subheader] == ["Size against quality", "What each checkpoint answers",
                                                "Why some weights matter more: activation outliers"]
     assert [m.label for m in at.metric] == ["Full precision (16-bit)", "Round-to-nearest", "AWQ"]
+    # The texts follow the methods that ran: AWQ calibrated, round-to-nearest not; no GPTQ, so not its risk.
+    text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+    assert "AWQ calibrated on" in text and "(round-to-nearest uses none)" in text and "GPTQ's risk" not in text
+    assert at.selectbox(key=f"{PREFIX}-group").options == ["per channel", "32", "64"]
     assert len(at.get("plotly_chart")) == 5  # distance, every bit width (bench), layer errors, alphas, channels
     assert "CPU" in " ".join(c.value for c in at.caption)
     # Another layer input redraws from the run (nothing runs again).

@@ -17,6 +17,31 @@ STAT_LABELS: dict[Stat, str] = {"mean": "mean |x|", "max": "max |x|"}
 INPUT_LABELS = {"qkv": "q, k, v (after the attention norm)", "o": "o (attention output)",
                 "gate_up": "gate, up (after the MLP norm)", "down": "down (SwiGLU output)"}
 TOP_SHARE = 0.01  # the channels marked as outliers: the top 1 % (at least one)
+# SmoothQuant's α this near 0 or 1 behaves like the end itself, whose surprises the page explains wherever α shows.
+ALPHA_LOW, ALPHA_HIGH = 0.1, 0.9
+
+
+def fmt_times(ratio: float) -> str:
+    """A largest / median ratio, one format page-wide: whole numbers with separators from 10 on ("174×",
+    "3,727×"), one decimal below ("3.2×"). "174.3×" beside "3,727×" read as two kinds of number."""
+    return f"{ratio:,.0f}×" if ratio >= 10 else f"{ratio:.1f}×"
+
+
+def alpha_note(alpha: float) -> str | None:
+    """Why SmoothQuant at an extreme α can do worse than no smoothing (None for α in between). The sweep's caption
+    said it, but only with a sweep; a run at α = 0 showed the damage with no word on why."""
+    if alpha <= ALPHA_LOW:
+        formula = f"s_j = max|X_j|^{alpha:g} / max|W_j|^{1 - alpha:g}"
+        near = "" if alpha == 0 else f" (at α = {alpha:g}, {formula} is close to it)"
+        return ("At α = 0 SmoothQuant is not “no smoothing”: s_j = 1 / max|W_j|" + near + ", which multiplies "
+                "each activation channel by its weights' largest entry. That can spread the channels further apart "
+                "than they were, and do worse than not smoothing at all.")
+    if alpha >= ALPHA_HIGH:
+        near = "" if alpha == 1 else f" (at α = {alpha:g}, close to it)"
+        return ("At α = 1, s_j = max|X_j|" + near + ": every activation channel is divided down to a largest value "
+                "of about 1, and the outliers move whole into the weights' columns, whose per-channel grid then "
+                "suffers instead.")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,29 @@ def check_tokens(max_new_tokens: int) -> str | None:
     return None
 
 
+def few_tokens_note(generated: int, requested: int) -> str | None:
+    """Why every variant looks lossless when the run generated one token (None from two on): the first token
+    comes from the exact prefill, so no variant's compressed cache was ever read."""
+    if generated >= 2:
+        return None
+    why = ("Tokens to generate is 1" if requested < 2 else
+           "The reference ended its answer at its first token")
+    return (f"{why}, and the first token comes from the exact prefill: no variant ever read its compressed cache. "
+            "That is why every variant shows 100 % top-1 match and KL 0, and why there is no per-token KL chart "
+            "and no attention profile. Generate at least 2 tokens to measure the caches.")
+
+
+def kl_chart_note(generated: int) -> str | None:
+    """Why the per-token KL chart is left out (None when it is drawn: 3 generated tokens or more)."""
+    if generated >= 3:
+        return None
+    if generated < 2:
+        return "No per-token KL chart: no generated token read a compressed cache (see the note above)."
+    return ("No per-token KL chart: only token 2 read a compressed cache (token 1 comes from the exact prefill), "
+            "so it would be a single point, and its KL is the table's KL column. Generate 3 tokens or more to "
+            "see the distance token by token.")
+
+
 # ---- tables ------------------------------------------------------------------------------------------
 
 def summary_frame(result: LabResult) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from app.formatting import GIB, MIB, NO_VALUE
+from app.formatting import GIB, MIB, NO_VALUE, fmt_bytes
 from engine.config import ModelConfig
 from engine.parallel.collectives import all_gather_bytes, ring_all_reduce_bytes
 from engine.parallel.expert_math import MOE_MODELS, MoeShape, ep_cost, routing_imbalance
@@ -270,6 +270,33 @@ def tp_floor_frame(model: DenseShape, batch: int, context: int, bytes_per_s: flo
     rows = [tp_floor(model, tp, batch, context, bytes_per_s, memory_bytes, latency_us) for tp in degrees]
     return pd.DataFrame([{"tp": f.tp, "weights_gb": f.weights_gb, "kv_gb": f.kv_gb, "read_ms": f.read_ms,
                           "wire_ms": f.wire_ms, "step_ms": f.step_ms, "fits": f.fits} for f in rows])
+
+
+def floor_fit_text(frame: pd.DataFrame, memory_bytes: float) -> str:
+    """Which degree to take, or what does not fit at the largest: its weights alone, or its weights with the KV
+    cache of this batch and context ("no degree fits its weights" was said of 405B at TP = 8, whose ~95 GiB of
+    weights a GPU fit; its 505 GiB of KV cache did not)."""
+    best = frame[frame["fits"]].sort_values("step_ms").head(1)
+    if len(best):
+        return f"the fastest that fits is TP = {int(best['tp'].iloc[0])} at {best['step_ms'].iloc[0]:.1f} ms a token"
+    top = frame.sort_values("tp").iloc[-1]
+    tp, weights, kv = int(top["tp"]), float(top["weights_gb"]) * 1e9, float(top["kv_gb"]) * 1e9
+    if weights > memory_bytes:
+        return (f"no degree up to {tp} fits even its weights on H200s ({fmt_bytes(weights)} a GPU at TP = {tp}, "
+                f"against {fmt_bytes(memory_bytes)})")
+    return (f"no degree up to {tp} fits: at TP = {tp} its weights fit ({fmt_bytes(weights)} a GPU), but not with "
+            f"the KV cache of this batch and context ({fmt_bytes(kv)} more, {fmt_bytes(weights + kv)} in all, "
+            f"against {fmt_bytes(memory_bytes)}); fewer sequences or a shorter context could fit")
+
+
+def tp1_memory_text(tp_options_ok: list[int]) -> str:
+    """The memory paragraph at TP = 1, where "each rank holds 100.0 % of the weights ... that is what lets a model
+    too large for one GPU run at all" said the opposite of what one rank shows."""
+    split = [d for d in tp_options_ok if d > 1]
+    pick = f" Pick {' or '.join(map(str, split))} in the form to see it." if split else ""
+    return ("**Memory.** At TP = 1 one rank holds all the weights and the whole KV cache: nothing is saved. Split "
+            "over p ranks, each would hold about 1/p of the matrices (the norms copied to every rank) and 1/p of "
+            "the KV heads, which is what lets a model too large for one GPU run at all." + pick)
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------

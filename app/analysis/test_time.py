@@ -21,6 +21,12 @@ ENGINE = {"block_size": 16, "num_blocks": 128, "max_model_len": 512, "max_num_se
           "max_num_batched_tokens": 512}
 BENCH_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "test_time_compute_cpu.json"
 MODES = ("Best-of-N (parallel samples)", "Budget forcing (s1)")
+MAX_TEMPERATURE = 2.0  # the form's widget and `check_settings` share it: a widget that took 5 led to a refusal
+# "Measure accuracy vs N" always runs this one set-up, whatever the form says: the curve is the task set's, not the
+# run above's, so its caption names it instead of looking like a measurement of the current settings.
+MEASURE_N = 8  # samples per question; N = 1, 2, 4 reuse them in disjoint groups
+MEASURE_TEMPERATURE = 0.8
+MEASURE_MAX_TOKENS = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +60,9 @@ def check_settings(prompt: str, answer: str | None, n: int, temperature: float, 
                          "short on the CPU.")
     if not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"N must be a whole number from 1 to {MAX_SAMPLES}, got {n!r}.")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and 0 <= temperature <= 2):
-        raise ValueError(f"Temperature must be between 0 and 2, got {temperature!r}.")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and 0 <= temperature <= MAX_TEMPERATURE):
+        raise ValueError(f"Temperature must be between 0 and {MAX_TEMPERATURE:g}, got {temperature!r}.")
     if n > 1 and temperature == 0:
         raise ValueError("N > 1 needs a temperature above 0: greedy samples would all be the same text.")
     if not 1 <= max_tokens <= 128:
@@ -97,6 +104,19 @@ def request_view(record_extra: dict[str, Any] | None, request_id: str = REQUEST_
     if not record_extra:
         return None
     return record_extra.get("requests", {}).get(request_id)
+
+
+def request_label(request_id: str) -> str:
+    """The request picker's option: what "q" and "r0" are (the scrubber lists every request of the run)."""
+    if request_id == REQUEST_ID:
+        return f"{REQUEST_ID}: the question set in the form"
+    return f"{request_id}: added with “Add a request now”"
+
+
+def measure_setup(n_questions: int) -> str:
+    """The one set-up "Measure accuracy vs N" runs, in words (the form's settings do not enter it)."""
+    return (f"{n_questions} task-set question{'' if n_questions == 1 else 's'}, {MEASURE_N} samples each at "
+            f"temperature {MEASURE_TEMPERATURE:g}, up to {MEASURE_MAX_TOKENS} tokens, no thinking budget")
 
 
 def picks_by_sample(view: dict[str, Any]) -> dict[int, list[str]]:

@@ -19,6 +19,48 @@ INPUT_LABELS = {"qkv": "q, k, v (after the attention norm)", "o": "o (attention 
                 "gate_up": "gate, up (after the MLP norm)", "down": "down (SwiGLU output)"}
 
 
+# The methods that fit their rounding to the calibration text; round-to-nearest looks at the weights alone.
+CALIBRATED = ("awq", "gptq", "gptq_act")
+GPTQ_METHODS = ("gptq", "gptq_act")
+
+
+def group_text(group: int) -> str:
+    """The form's option for a grid ("per channel" matches the checkpoints' labels, "INT4 per channel")."""
+    return "per channel" if group == 0 else str(group)
+
+
+def grid_text(group: int) -> str:
+    """How the scales are shared, in words; "per channel" explained once, here."""
+    return ("one scale per output channel (per channel: a whole row of W)" if group == 0
+            else f"groups of {group} input channels")
+
+
+def calibration_text(methods: tuple[str, ...], tokens: int, calibration: str) -> str:
+    """What the calibration text is for in this run: only AWQ and GPTQ fit their rounding to it; with
+    round-to-nearest alone it only measures the layers' errors and the activation profile."""
+    used = [METHOD_LABELS[m] for m in methods if m in CALIBRATED]
+    where = f"{tokens:,} tokens of **{calibration}** text"
+    if not used:
+        return (f"round-to-nearest uses no calibration: {where} only measure each layer's output error and the "
+                "activation profile below")
+    names = " and ".join(used) if len(used) <= 2 else ", ".join(used[:-1]) + " and " + used[-1]
+    return f"{names} calibrated on {where}" + (" (round-to-nearest uses none)" if "rtn" in methods else "")
+
+
+def fit_note(methods: tuple[str, ...]) -> str:
+    """The closing sentence under the per-layer errors, about the methods that ran: only GPTQ fits the calibration
+    text itself, so only then is overfitting it the risk to point at."""
+    if any(m in GPTQ_METHODS for m in methods):
+        return ("a method can fit the calibration text much better than it fits text it never saw, which is "
+                "GPTQ's risk with few calibration tokens.")
+    if "awq" in methods:
+        rtn = " and round-to-nearest nothing" if "rtn" in methods else ""
+        return (f"AWQ takes only each channel's mean |x| and one α per layer from the calibration text{rtn}, so "
+                "little here is fitted to it: add GPTQ to see a method that is.")
+    return ("round-to-nearest never looks at the calibration text, so nothing here is fitted to it: add GPTQ to see "
+            "a method that is.")
+
+
 def decode_bound_tok_s(weight_bytes: int, bytes_per_s: float = H200.peak_bytes_per_s) -> float:
     """Batch-1 decode reads every weight once per token: at best bandwidth / bytes tokens per second."""
     return bytes_per_s / weight_bytes

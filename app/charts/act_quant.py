@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from engine.act_quant.lab import VARIANTS, ActLabResult, Variant
 
-from app.analysis.act_quant import INPUT_LABELS, STAT_LABELS, ChannelView
+from app.analysis.act_quant import INPUT_LABELS, STAT_LABELS, ChannelView, fmt_times
 from app.charts.axes import log_axis
 from app.charts.colors import tint
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
@@ -29,13 +29,14 @@ def variant_color(v: Variant | None) -> str:
 
 
 def tick_label(v: Variant) -> str:
-    """Two short lines for a category axis at projector width: the format, then granularity and SmoothQuant."""
+    """One short line for a horizontal bar's label: the format, then granularity and SmoothQuant (three-line labels
+    under upright bars were turned 90° at projector width and read from the bottom)."""
     fmt = {"int8": "INT8", "fp8": "FP8", "nvfp4": "NVFP4", "mxfp4": "MXFP4"}[v.weight_format]
     if v.act_format is None:
-        return f"{fmt}<br>weights only"
+        return f"{fmt} weights only"
     gran = "" if v.act_format in ("nvfp4", "mxfp4") else ("per-tensor" if v.act_granularity == "tensor"
                                                            else "per-token")
-    return f"{fmt}<br>{' + '.join(p for p in (gran, 'SQ' if v.smooth else '') if p) or 'blocks'}"
+    return f"{fmt} {' + '.join(p for p in (gran, 'SQ' if v.smooth else '') if p) or 'blocks'}"
 
 
 def channel_figure(view: ChannelView) -> go.Figure:
@@ -43,8 +44,8 @@ def channel_figure(view: ChannelView) -> go.Figure:
     the outlier channels in orange in both."""
     n = len(view.before)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[f"Before: largest {view.ratio_before:,.0f}× the median",
-                                        f"After smoothing (x / s): largest {view.ratio_after:,.1f}× the median"])
+                        subplot_titles=[f"Before: largest {fmt_times(view.ratio_before)} the median",
+                                        f"After smoothing (x / s): largest {fmt_times(view.ratio_after)} the median"])
     marked = np.zeros(n, dtype=bool)
     marked[view.outliers] = True
     stat = STAT_LABELS[view.stat]
@@ -77,7 +78,8 @@ def outlier_ratio_figure(frame: pd.DataFrame, stat: str) -> go.Figure:
             fig.add_trace(go.Scatter(x=rows["layer"], y=rows[col], mode="lines+markers", name=name,
                                      line=dict(color=color if dash == "dot" else "#4B5563", width=2, dash=dash),
                                      marker=dict(size=5), legendgroup=name, showlegend=c == 1,
-                                     hovertemplate=f"layer %{{x}} · {inp} · {name}: %{{y:,.1f}}×<extra></extra>"),
+                                     customdata=[fmt_times(float(y)) for y in rows[col]],
+                                     hovertemplate=f"layer %{{x}} · {inp} · {name}: %{{customdata}}<extra></extra>"),
                           row=1, col=c)
     fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_yaxes(title_text=f"largest / median {STAT_LABELS[stat]}", row=1, col=1, **log_axis())
@@ -89,15 +91,16 @@ def outlier_ratio_figure(frame: pd.DataFrame, stat: str) -> go.Figure:
 
 
 def quality_figure(result: ActLabResult) -> go.Figure:
-    """KL from the full model per variant on each kind of held-out text (log), with each variant's bits per weight
-    and activation under its name; the label on each bar is the top-1 agreement."""
+    """KL from the full model per variant on each kind of held-out text (log), horizontal bars labelled on one line
+    with each variant's bits per weight and activation; the label at each bar's end is the top-1 agreement."""
     fig = go.Figure()
-    names = [f"{tick_label(v.variant)}<br>W{v.bits_per_weight:g} A{v.bits_per_activation:g}"
+    names = [f"{tick_label(v.variant)} · W{v.bits_per_weight:g} A{v.bits_per_activation:g}"
              for v in result.variants]
     for domain, label in DOMAIN_LABELS.items():
         scores = [v.scores[domain] for v in result.variants]
         fig.add_trace(go.Bar(
-            x=names, y=[max(sc.kl, 1e-6) for sc in scores], name=label, marker=dict(color=DOMAIN_COLORS[domain]),
+            y=names, x=[max(sc.kl, 1e-6) for sc in scores], orientation="h", name=label,
+            marker=dict(color=DOMAIN_COLORS[domain]),
             text=[f"{sc.top1:.0%}" for sc in scores], textposition="outside", cliponaxis=False,
             textfont=dict(size=12),
             hovertemplate=[f"<b>{v.label}</b> · {label}<br>KL {sc.kl:.3g} nats per token<br>top-1 agreement "
@@ -108,11 +111,11 @@ def quality_figure(result: ActLabResult) -> go.Figure:
     fig.update_layout(
         barmode="group", bargap=0.25,
         title=dict(text="Distance from the full model on held-out text", subtitle=dict(
-            text="Mean KL per token, log scale (the full model: 0); on each bar, how often its top token is the "
-                 "full model's")),
-        yaxis=dict(title="KL from the full model (nats)", **log_axis(), range=[np.floor(lo) - 0.2, hi + 0.45]),
-        xaxis=dict(title=None, tickfont=dict(size=13)),
-        legend=dict(orientation="h", yanchor="top", y=-0.3, x=0), margin=dict(t=100, b=130))
+            text="Mean KL per token, log scale (the full model: 0); at each bar's end, how often its top token is "
+                 "the full model's")),
+        xaxis=dict(title="KL from the full model (nats)", **log_axis(), range=[np.floor(lo) - 0.2, hi + 0.45]),
+        yaxis=dict(title=None, tickfont=dict(size=13), autorange="reversed"),
+        legend=dict(orientation="h", yanchor="top", y=-0.14, x=0), margin=dict(t=100, b=100, r=40))
     return fig
 
 

@@ -12,7 +12,7 @@ from engine.parallel.pipeline import Placed
 
 from app.analysis.parallelism import PassTimes, SplitRow, stage_label
 from app.charts.colors import ink_on, tint
-from app.formatting import GIB
+from app.formatting import GIB, plural
 from app.theme import ACCENT, BASELINE_COLOR, MUTED, REQUEST_COLORS, TECHNIQUE_COLOR
 
 # Ranks (GPUs of a tensor-parallel group) in Paul Tol's muted scheme: none of them is a phase colour (prefill
@@ -140,8 +140,11 @@ def tp_floor_figure(frame: pd.DataFrame, model: str, latency_us: float) -> go.Fi
                          hovertemplate="%{x}: + %{y:.2f} ms wire<extra></extra>"))
     for xi, row in zip(x, frame.itertuples()):
         # In GiB, as the page states the GPU's memory: "152 GB" beside "139.8 GiB" read as two scales.
-        need = (row.weights_gb + row.kv_gb) * 1e9 / GIB
-        label = f"{row.step_ms:.1f} ms" if row.fits else f"{need:.0f} GiB: does not fit"
+        # Weights and KV apart: which of them does not fit decides the remedy (more GPUs, or a smaller batch).
+        weights, kv = row.weights_gb * 1e9 / GIB, row.kv_gb * 1e9 / GIB
+        # One decimal, as the caption's GiB: "95 weights" there read against its "94.5 GiB".
+        label = (f"{row.step_ms:.1f} ms" if row.fits else f"{weights + kv:,.1f} GiB: does not fit<br>"
+                 f"({weights:,.1f} weights + {kv:,.1f} KV)")
         fig.add_annotation(x=xi, y=row.step_ms, text=label, showarrow=False, yanchor="bottom", yshift=4,
                            font=dict(size=13, color=MUTED if not row.fits else "#111827"))
     fig.update_layout(barmode="stack", bargap=0.35,
@@ -186,7 +189,7 @@ def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
     end = max((p.end for p in placed), default=0.0) * 1e3
     fig.update_layout(
         barmode="overlay", bargap=0.3, uniformtext=dict(minsize=11, mode="hide"),
-        title=dict(text=f"{len(run.tokens)} requests through {run.pp} pipeline stage{'s' if run.pp > 1 else ''}",
+        title=dict(text=f"{plural(len(run.tokens), 'request')} through {plural(run.pp, 'pipeline stage')}",
                    subtitle=dict(text="Measured stage times, one GPU per stage; a wide bar carries its decode "
                                       "step. Gaps: a stage waiting for work (the bubble)")),
         xaxis=dict(title="ms (measured compute; hops assumed)", range=[0, end * 1.01]),

@@ -9,8 +9,9 @@ from engine.result_store import StoredResult
 from engine.weight_quant.texts import WINDOW
 from engine.weights import LoadedWeights
 
-from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, channel_view, fp8_speedup,
-                                    median_channel_levels, outlier_frame, result_json, results_frame, worst_layer)
+from app.analysis.act_quant import (H200_PEAKS, INPUT_LABELS, STAT_LABELS, alpha_note, channel_view, fmt_times,
+                                    fp8_speedup, median_channel_levels, outlier_frame, result_json, results_frame,
+                                    worst_layer)
 from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_figure, quality_figure, variant_color
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, shared_weights, weights_mode
@@ -109,7 +110,7 @@ def outliers_section(result: ActLabResult, page: str) -> None:
     # The heading's number and the chart's first view come from the run: a fixed "hundreds of times" sat above a
     # default view (the first input) whose largest channel was 30x the median.
     top = max(result.outliers, key=lambda r: r.max_ratio)
-    st.subheader(f"The difficulty: a few channels up to {top.max_ratio:,.0f}× the median")
+    st.subheader(f"The difficulty: a few channels up to {fmt_times(top.max_ratio)} the median")
     cfg = shared_weights().config
     c = st.columns([1.3, 1, 2])
     inputs = list(INPUT_LABELS)
@@ -121,9 +122,10 @@ def outliers_section(result: ActLabResult, page: str) -> None:
                         key=f"{page}-layer-{inp}-{stat}")
     view = channel_view(result, layer, inp, stat)
     show_figure(channel_figure(view), key=f"{page}-channels", height=520)
+    note = alpha_note(result.settings.alpha)
     st.caption(f"SmoothQuant at α = {result.settings.alpha:g} divides channel j by s_j (and multiplies the weights "
-               f"that read it by s_j): the largest {STAT_LABELS[stat]} goes from {view.ratio_before:,.0f}× to "
-               f"{view.ratio_after:,.1f}× the median."
+               f"that read it by s_j): the largest {STAT_LABELS[stat]} goes from {fmt_times(view.ratio_before)} to "
+               f"{fmt_times(view.ratio_after)} the median." + (f" {note}" if note else "")
                + (" " + median_channel_levels(view.ratio_before) if stat == "max" else ""))
     show_figure(outlier_ratio_figure(outlier_frame(result), stat), key=f"{page}-ratios", height=420)
 
@@ -152,8 +154,11 @@ def quality_section(result: ActLabResult, page: str) -> None:
     if "fp8-tensor" in by and (fp4 := [k for k in ("nvfp4", "mxfp4") if k in by]):
         notes.append(f"FP8 per-tensor {by['fp8-tensor']:.3g} against "
                      + " · ".join(f"{VARIANTS[k].label.split()[-1]} {by[k]:.3g}" for k in fp4))
-    if notes:
-        st.caption("Chat KL: " + "; ".join(notes) + ".")
+    # Why SmoothQuant lost, when α is at an extreme: said here too, where the loss shows (no sweep, no sweep caption).
+    note = alpha_note(result.settings.alpha) if any(v.variant.smooth for v in result.variants) else None
+    parts = (["Chat KL: " + "; ".join(notes) + "."] if notes else []) + ([note] if note else [])
+    if parts:
+        st.caption(" ".join(parts))
 
 
 def sweep_section(result: ActLabResult, page: str) -> None:

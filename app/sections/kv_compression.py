@@ -13,9 +13,9 @@ from engine.result_store import StoredResult
 from engine.weights import LoadedWeights
 
 from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOICES, PRESETS, PROMPTS,
-                                         RETRIEVAL_NEEDLES, LabSettings, answer_found, check_tokens, kept_counts,
-                                         memory_frame, preset_rows, rows_to_variants,
-                                         summary_frame)
+                                         RETRIEVAL_NEEDLES, LabSettings, answer_found, check_tokens,
+                                         few_tokens_note, kept_counts, kl_chart_note, memory_frame, preset_rows,
+                                         rows_to_variants, summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure, variant_color)
 from app.formatting import NO_VALUE, fmt_duration, plural
@@ -201,10 +201,15 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
     tok = shared_weights().tokenizer
     n_var = len(result.variants) - 1
     st.subheader("Memory against quality")
-    st.markdown(f"{plural(result.prompt_len, 'prompt token')}, {plural(len(result.reference_tokens), 'generated token')} "
+    generated = len(result.reference_tokens)
+    # With one token nothing is decoded: "decoding every row together 1.22 µs" timed an empty loop.
+    decoding = (f"decoding every row together {fmt_duration(result.decode_seconds)}" if generated > 1 else
+                "no decode step (the one token comes from the prefill)")
+    st.markdown(f"{plural(result.prompt_len, 'prompt token')}, {plural(generated, 'generated token')} "
                 f"for the reference and for each of {plural(n_var, 'variant')} (twice: fed the reference's text, "
-                f"and free). Prefill {fmt_duration(result.prefill_seconds)}, decoding every row together "
-                f"{fmt_duration(result.decode_seconds)}.")
+                f"and free). Prefill {fmt_duration(result.prefill_seconds)}, {decoding}.")
+    if (note := few_tokens_note(generated, s.max_new_tokens)) is not None:
+        st.info(note, icon=":material/info:")
     reference = server_lab().reference
     if reference in s.variants:
         st.caption(f"{reference.label} is the reference on this server (the engine's precision), "
@@ -253,7 +258,8 @@ def texts_section(result: LabResult) -> None:
 
 def positions_section(result: LabResult, page: str) -> None:
     tok = shared_weights().tokenizer
-    if len(result.reference_tokens) < 3:
+    if (note := kl_chart_note(len(result.reference_tokens))) is not None:
+        st.caption(note)
         return
     show_figure(kl_positions_figure(result, tok.decode_token), key=f"{page}-kl", height=400)
 
@@ -297,6 +303,10 @@ def eviction_section(result: LabResult, page: str) -> None:
     else:
         st.info("No variant in this run evicts tokens. Pick “Eviction at a 64-token budget” above (or set a "
                 "policy in the table) to see which tokens each policy keeps.", icon=":material/info:")
+    if len(result.reference_tokens) < 2:  # the profile is of generated tokens' attention: there is none
+        st.caption("No attention profile: no token was generated after the prefill, so none attended over the "
+                   "cache (see the note at the top).")
+        return
     layer = st.slider("Layer for the attention profile", 0, cfg.num_layers - 1, min(20, cfg.num_layers - 1),
                       key=f"{page}-sink-layer")
     show_figure(sink_figure(result, layer, labels), key=f"{page}-sink", height=380)

@@ -323,7 +323,8 @@ def deployment_section(result: MergeResult, page: str) -> None:
                 help=f"2r(d_in + d_out) over the adapted linears: {fp.adapter_flops / 1e6:.2f} MFLOP against "
                      f"{(fp.base_linear_flops + fp.lm_head_flops) / 1e6:.0f} MFLOP of base linears and LM head; "
                      f"the engine's padded slots compute {fp.served_flops / 1e6:.2f} MFLOP")
-    c[3].metric("On one H200", f"{live.merged_fit():,} merged",
+    # The capacity in the label, to the decimal the fits are divided by (the chart's line says the same).
+    c[3].metric(f"On one H200 ({fmt_bytes(H200_BYTES)})", f"{live.merged_fit():,} merged",
                 f"or 1 base + {live.adapters_fit():,} adapters", delta_color="off", delta_arrow="off",
                 help=f"{fmt_bytes(H200_BYTES)} as torch reports it (NVIDIA quotes 141 GB), weights only (no KV cache): "
                      "whole checkpoints, or one base and adapters")
@@ -332,8 +333,8 @@ def deployment_section(result: MergeResult, page: str) -> None:
     st.caption(f"At {n} fine-tunes: {fmt_bytes(live.merged_bytes(n))} merged against "
                f"{fmt_bytes(live.unmerged_bytes(n))} unmerged for this model; an 8B model "
                f"({fmt_bytes(big.checkpoint_bytes)} a checkpoint, {fmt_bytes(big.adapter_bytes)} an adapter of "
-               f"this shape) fits {big.merged_fit()} merged copies on an H200, or one base and "
-               f"{big.adapters_fit():,} adapters. In practice the KV cache needs most of that memory too.")
+               f"this shape) fits {big.merged_fit()} merged copies on an H200 ({fmt_bytes(H200_BYTES)}), or one "
+               f"base and {big.adapters_fit():,} adapters. In practice the KV cache needs most of that memory too.")
     left, right = st.columns(2)
     with left.container(border=True):
         # The LoRA kernels' time, not the "Extra" column: on a busy host a merged step can time slower than an

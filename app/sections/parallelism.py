@@ -17,10 +17,10 @@ from kernels.ceilings import REFERENCE_CEILINGS
 from app.analysis.parallelism import (BENCH_COMMAND, CPU_BENCH, CPU_BENCH_COMMAND, EP_GPUS, H200_BENCH, ROUTING_DRAWS,
                                       ROUTING_TOKENS, allowed_degrees, batches_where_tp_pays, break_even_latency_us,
                                       collective_counts, collective_frame, degree_frame, engine_tp_ms, ep_fits,
-                                      ep_frame, h200_stage_ms, imbalance_curve, lm_head_layers, load_h200,
-                                      load_process_run, memory_frame, model_named, pass_times, replicated_bytes,
-                                      result_json, split_rows, stage_frame, token_latency, tp_floor_frame,
-                                      tp_projection)
+                                      ep_frame, floor_fit_text, h200_stage_ms, imbalance_curve, lm_head_layers,
+                                      load_h200, load_process_run, memory_frame, model_named, pass_times,
+                                      replicated_bytes, result_json, split_rows, stage_frame, token_latency,
+                                      tp1_memory_text, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, rank_color, split_figure, tp_floor_figure)
 from app.formatting import batches_text, fmt_bytes, fmt_duration, plural
@@ -101,7 +101,8 @@ def settings_form(page: str) -> ParallelSettings:
         new_tokens = c[0].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, s.max_new_tokens,
                                        key=_key(page, "new-tokens"), help="greedy, on one rank and on TP ranks")
         tp = c[1].selectbox("Tensor-parallel degree", list(range(1, MAX_TP + 1)), index=s.tp - 1,
-                            format_func=lambda d: f"{d}" if d in ok else f"{d} (does not split)",
+                            format_func=lambda d: ("1 (one rank: not split)" if d == 1 else f"{d}" if d in ok
+                                                   else f"{d} (does not split)"),
                             key=_key(page, "tp"), help="ranks the model is split over; try one that does not split")
         pp = c[2].selectbox("Pipeline stages", list(range(1, MAX_PP + 1)), index=s.pp - 1, key=_key(page, "pp"))
         micro = c[3].number_input("Requests in the pipeline", 1, MAX_MICRO_BATCHES, s.micro_batches,
@@ -142,8 +143,16 @@ def degrees_section(cfg: ModelConfig) -> None:
 
 def tp_answers_section(result: ParallelResult) -> None:
     tp = result.settings.tp
-    st.subheader(f"Tensor parallelism, live: one rank against {tp}")
     decode = shared_weights().tokenizer.decode
+    if tp == 1:  # one rank against one rank compares nothing: "the same 1 token on 1 and on 1 ranks"
+        st.subheader("Tensor parallelism, live: TP = 1, one rank, nothing split")
+        answer_rows([("TP = 1", "#6B7280", result.single.tokens[0])], result.single.tokens[0], decode, "par")
+        split = [d for d in allowed_degrees(shared_weights().config) if d > 1]
+        st.info("At TP = 1 one rank holds the whole model, so there is no split to compare with and no collective "
+                "on the wire." + (f" Pick {' or '.join(map(str, split))} in the form to split it over ranks and "
+                                  "compare their answer with this one." if split else ""), icon=":material/info:")
+        return
+    st.subheader(f"Tensor parallelism, live: one rank against {tp}")
     answer_rows([("TP = 1", "#6B7280", result.single.tokens[0]),
                  (f"TP = {tp}", rank_color(0), result.sharded.tokens[0])], result.single.tokens[0], decode, "par")
     n = len(result.single.tokens[0])
@@ -167,10 +176,13 @@ def tp_layout_section(result: ParallelResult, page: str) -> None:
         show_figure(memory_figure(memory_frame(result)), key=f"{page}-memory", height=430, export_width=700)
     with right:
         w1, wn = result.single.weight_bytes_per_rank[0], max(sharded.weight_bytes_per_rank)
-        st.markdown(f"**Memory.** Each rank holds {wn / w1:.1%} of the weights "
-                    f"({fmt_bytes(replicated_bytes(result))} copied to every rank: the norms) and 1/{tp} of the KV "
-                    "cache: only its KV heads. That is what lets a model too large for one GPU run at all, and leaves "
-                    "room on each GPU for a larger batch or longer contexts.")
+        if tp == 1:
+            st.markdown(tp1_memory_text(allowed_degrees(cfg)))
+        else:
+            st.markdown(f"**Memory.** Each rank holds {wn / w1:.1%} of the weights "
+                        f"({fmt_bytes(replicated_bytes(result))} copied to every rank: the norms) and 1/{tp} of the "
+                        "KV cache: only its KV heads. That is what lets a model too large for one GPU run at all, and "
+                        "leaves room on each GPU for a larger batch or longer contexts.")
         counts = collective_counts(sharded)
         st.markdown(f"**The price: one decode step's collectives** at TP = {tp}: "
                     + (f"{counts.get('all_reduce', 0)} all-reduces and {counts.get('all_gather', 0)} all-gather, "
@@ -204,7 +216,9 @@ def tp_timing_section(result: ParallelResult, page: str) -> None:
         "each rank pays the same fixed costs per call. The prefill's larger matmuls divide better. Every bar is a "
         f"median: the prefill's of {PREFILL_TIMINGS} passes (after one untimed warm-up), the decode's of its steps."
         if tp > 1 else
-        "At TP = 1 there is one rank: choose 3 in the form to split the model.")
+        "At TP = 1 there is one rank: choose "
+        + " or ".join(str(d) for d in allowed_degrees(shared_weights().config) if d > 1)
+        + " in the form to split the model.")
 
 
 def processes_section() -> None:
@@ -321,9 +335,7 @@ def tp_pays_section(page: str, latency_us: float) -> None:
     ref = REFERENCE_CEILINGS["NVIDIA H200"]
     frame = tp_floor_frame(model, batch, context, ref.ceilings.peak_bytes_per_s, ref.memory_bytes, latency_us)
     show_figure(tp_floor_figure(frame, model.name, latency_us), key=f"{page}-tp-floor", height=430)
-    best = frame[frame["fits"]].sort_values("step_ms").head(1)
-    where = (f"the fastest that fits is TP = {int(best['tp'].iloc[0])} at {best['step_ms'].iloc[0]:.1f} ms a token"
-             if len(best) else "no degree up to 8 fits its weights on H200s")
+    where = floor_fit_text(frame, ref.memory_bytes)
     st.caption(f"{model.name} ({model.params_b:g} B parameters in bf16, {model.layers} layers, {model.kv_heads} KV "
                f"heads; {model.source}): {where}. Arithmetic, not a run: bytes per GPU over the H200's measured "
                f"device copy ({ref.ceilings.peak_bytes_per_s / 1e12:.2f} TB/s), each H200 holding "

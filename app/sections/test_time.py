@@ -11,9 +11,10 @@ from engine.test_time import RULES, TestTimeEngine, accuracy_curve, load_tasks, 
 from engine.test_time.tasks import answer_key
 from engine.trace import StepRecord
 
-from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MODES, RunSettings, answer_counts,
-                                    check_settings, load_bench, oracle_at, pass_at_n_closed_form, picks_by_sample,
-                                    request_view, sample_rows, still_writing, task_settings)
+from app.analysis.test_time import (ENGINE, MAX_SAMPLES, MAX_TEMPERATURE, MEASURE_MAX_TOKENS, MEASURE_N,
+                                    MEASURE_TEMPERATURE, MODES, RunSettings, answer_counts, check_settings,
+                                    load_bench, measure_setup, oracle_at, pass_at_n_closed_form, picks_by_sample,
+                                    request_label, request_view, sample_rows, still_writing, task_settings)
 from app.charts.block_tables import block_table_grid
 from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thinking_budget_figure
 from app.formatting import fmt_duration, plural, step_line
@@ -25,7 +26,10 @@ from app.widgets.explain import explanation
 from app.widgets.sample_strips import sample_strips
 
 OWN = "Your own question (no right answer known)"
-MEASURE_N = 8  # samples per question in "Measure accuracy vs N"; N = 1, 2, 4 reuse them in disjoint groups
+# Budget forcing's scoring rule, said once for the explanation and beside the samples.
+ANSWER_RULE = ("Under budget forcing the answer is read only from what follows the cue “Final answer:”: a number "
+               "in the thinking never counts. A sample still thinking has none yet, and one whose answer tokens ran "
+               "out before a number (or before an expression's result, as in “3 + 4 equals”) has none.")
 
 
 def default_settings() -> RunSettings:
@@ -51,6 +55,7 @@ def test_time_explanation() -> None:
          r"\text{self-certainty}(s) = \tfrac{1}{|s|} \textstyle\sum_{i} \log p_\theta(s_i \mid s_{<i})",
          r"\text{cost} \approx N \cdot \bar{n}_{\text{out}} \text{ decode tokens}",
          r"n_{\text{think}} < n_{\min}:\ \langle\text{end}\rangle \to \text{“Wait,”}",
+         r"n_{\min} \le n_{\text{think}} < n_{\max}:\ \langle\text{end}\rangle \to \text{“Final answer:”}",
          r"n_{\text{think}} = n_{\max}:\ \text{append “Final answer:”}"],
         ["**Best-of-N**: one request with `n = N`. The prompt is computed once; all N samples share its KV blocks "
          "(yellow in the block tables) and each writes its own tokens into blocks of its own (copy-on-write of the "
@@ -61,8 +66,10 @@ def test_time_explanation() -> None:
          "Self-certainty stands in for the seed's **process reward model**: no reward model is available "
          "here, so the model grades its own samples. Whether that helps is measured below, not assumed.",
          "**Budget forcing** (s1): an end of turn sampled before the minimum thinking budget is dropped and "
-         "“ Wait,” written instead (orange); at the maximum the engine appends “Final answer:” (green). "
-         "Forced tokens are computed by the next step like a small prefill chunk.",
+         "“ Wait,” written instead (orange). One sampled at or past the minimum is replaced by the answer cue "
+         "“Final answer:” (green), so the model answers instead of stopping; a sample still thinking at the "
+         "maximum gets the cue appended. After the cue it has the answer tokens, then the engine ends the turn. "
+         "Forced tokens are computed by the next step like a small prefill chunk. " + ANSWER_RULE,
          "**Measure accuracy vs N** runs the whole task set on the real engine and draws the test-time scaling "
          "curve: accuracy against the tokens spent."],
         note="pass@N is what an oracle verifier reaches with N independent samples, each right with probability "
@@ -109,14 +116,16 @@ def settings_form(session: EngineSession, page: str) -> None:
             # Two rows of four: seven knobs in one row wrapped their labels at 1280 pixels.
             k = st.columns(4)
             k[0].number_input("N samples", value=s.n, step=1, key=f"{page}-n", help=f"1 to {MAX_SAMPLES}")
-            k[1].number_input("Temperature", value=s.temperature, step=0.1, key=f"{page}-temp")
+            k[1].number_input("Temperature", min_value=0.0, max_value=MAX_TEMPERATURE, value=s.temperature,
+                              step=0.1, key=f"{page}-temp", help=f"0 (greedy) to {MAX_TEMPERATURE:g}")
             k[2].number_input("Seed", value=s.seed, step=1, key=f"{page}-seed")
             k[3].number_input("Max tokens", value=s.max_tokens, step=4, key=f"{page}-max-tokens",
                               help="best-of-N: tokens per sample (budget forcing sets its own)")
             b = s.budget
             k = st.columns(4)
             k[0].number_input("Min thinking", value=b.min_thinking if b else 24, step=4, key=f"{page}-min",
-                              help="budget forcing: an end of turn before this many tokens becomes “ Wait,”")
+                              help="budget forcing: an end of turn before this many thinking tokens becomes "
+                                   "“ Wait,”; one at or after it becomes the answer cue")
             k[1].number_input("Max thinking", value=b.max_thinking if b else 48, step=4, key=f"{page}-max",
                               help="budget forcing: at this many thinking tokens the answer cue is appended")
             k[2].number_input("Answer tokens", value=b.answer_tokens if b else 6, step=1, key=f"{page}-answer",
@@ -147,7 +156,10 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
     if not ids:
         st.caption("No request yet.")
         return
-    rid = st.selectbox("Request", ids, key=f"{page}-request") if len(ids) > 1 else ids[0]
+    rid = (st.selectbox("Request to show", ids, format_func=request_label, key=f"{page}-request",
+                        help="q is the run the form above starts; r0, r1, … are requests added with “Add a request "
+                             "now”, numbered as they arrived")
+           if len(ids) > 1 else ids[0])
     view = request_view(extra, rid)
     samples = view["samples"]
     prev_view = request_view(history[-2].extra("test_time"), rid) if len(history) > 1 else None
@@ -189,6 +201,8 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                     f"{'✓' if right['oracle'] else '✗'}")
     st.markdown(_batch_line(record))
     sample_strips(samples, previous, picks_by_sample(view), session.weights.tokenizer)
+    if view["budget"]:
+        st.caption(ANSWER_RULE)
     left, right = st.columns(2)
     with left:
         show_figure(block_table_grid(record, session.request_order), key="ttc-block-tables", height=360,
@@ -220,7 +234,8 @@ def _measure(session: EngineSession, page: str) -> None:
     config = EngineConfig(**{**ENGINE, "num_blocks": 1024, "max_num_seqs": 256, "max_num_batched_tokens": 2048,
                              "profile_kernels": False, "trace_detail": "light"}, **session.server)
     try:
-        run = run_task_set(load_tasks(), MEASURE_N, weights=session.weights, config=config)
+        run = run_task_set(load_tasks(), MEASURE_N, weights=session.weights, temperature=MEASURE_TEMPERATURE,
+                           max_tokens=MEASURE_MAX_TOKENS, config=config)
     except Exception as e:  # noqa: BLE001 (a failed measurement is a message; the page and its run stay)
         session.report(f"Measuring accuracy vs N failed: {type(e).__name__}: {e}")
         return
@@ -230,10 +245,10 @@ def _measure(session: EngineSession, page: str) -> None:
 def accuracy_section(session: EngineSession, page: str) -> None:
     st.subheader("Accuracy vs N: the test-time scaling curve")
     tasks = load_tasks()
-    st.caption(f"{plural(len(tasks), 'question')} from the task set, {MEASURE_N} samples each at temperature 0.8 "
-               f"(one request with n = {MEASURE_N} per question, all in one continuous batch of "
-               f"{len(tasks) * MEASURE_N} sequences). N = 1, 2, 4 reuse those samples in disjoint groups, so "
-               "every point is an average, not one lucky draw. About ten seconds on 2 CPU cores.")
+    st.caption(f"{measure_setup(len(tasks))} (one request with n = {MEASURE_N} per question, all in one "
+               f"continuous batch of {len(tasks) * MEASURE_N} sequences), whatever the form above is set to: the "
+               "curve is the task set's. N = 1, 2, 4 reuse those samples in disjoint groups, so every point is an "
+               "average, not one lucky draw. About ten seconds on 2 CPU cores.")
     st.button("Measure accuracy vs N", key=f"{page}-measure", icon=":material/query_stats:", on_click=_measure,
               args=(session, page))
     run = page_cache(page).get("accuracy")
@@ -254,8 +269,10 @@ def accuracy_section(session: EngineSession, page: str) -> None:
             "tokens per question": st.column_config.NumberColumn(format="%.0f"),
             **{r: st.column_config.NumberColumn(format="%.1f%%", help="questions right") for r in rules}})
         best = max(points, key=lambda p: p.accuracy if p.rule != "oracle (pass@N)" else -1)
-        st.caption(f"Measured now: {fmt_duration(run.wall_seconds)}, {run.steps} engine steps, "
-                   f"{run.tokens_computed:,} tokens computed; one sample is right {100 * single_sample_accuracy(run):.0f} % "
+        st.caption(f"Measured in this session on the set-up above ({measure_setup(len(run.outcomes))}; the form's "
+                   f"settings do not change it): {fmt_duration(run.wall_seconds)}, {run.steps} engine steps, "
+                   f"{run.tokens_computed:,} tokens computed; one sample is right "
+                   f"{100 * single_sample_accuracy(run):.0f} % "
                    f"of the time; the best real rule here is {best.rule} at N = {best.k} "
                    f"({100 * best.accuracy:.0f} %). The oracle line is what a perfect verifier would reach; the "
                    f"thin line is the panel's 1 − (1 − p)^N with each question's p measured here "

@@ -10,8 +10,9 @@ from engine.weight_quant.texts import CALIBRATION_SETS, WINDOW
 from engine.weights import LoadedWeights
 
 from app.analysis.kv_math import weights_bytes
-from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, decode_bound_tok_s, layer_frame, load_bench,
-                                       outlier_stats, result_json, results_frame, worst_ratio_layer)
+from app.analysis.weight_quant import (BENCH_COMMAND, H200, INPUT_LABELS, calibration_text, decode_bound_tok_s,
+                                       fit_note, grid_text, group_text, layer_frame, load_bench, outlier_stats,
+                                       result_json, results_frame, worst_ratio_layer)
 from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep_figure, layer_error_figure,
                                      method_color, quality_figure)
 from app.formatting import NO_VALUE, fmt_bytes, fmt_duration
@@ -60,7 +61,8 @@ def wq_explanation() -> None:
          f"about as much; SmolLM2 keeps its 16-bit embedding ({embedding_share:.0%} of its weights), so here the "
          "checkpoint shrinks a little over 2× (measured in the table below)."],
         note="b bits; one FP16 scale and zero point per group of 32 or 64 input channels (128, the usual choice, "
-             f"does not divide this model's {cfg.hidden_size} hidden channels) or per output row; the embedding, "
+             f"does not divide this model's {cfg.hidden_size} hidden channels) or per output channel (“per "
+             "channel”: one per row of W); the embedding, "
              "tied to the LM head, and the norms stay in 16 bits, as GPTQ and AWQ checkpoints keep them.")
 
 
@@ -92,8 +94,9 @@ def settings_form(page: str) -> LabSettings:
                                    format_func=METHOD_LABELS.get, key=_key(page, "methods"))
         bits = c[1].selectbox("Bits", [8, 4, 3, 2], index=[8, 4, 3, 2].index(shown.bits), key=_key(page, "bits"))
         group = c[2].selectbox("Group", list(GROUPS), index=list(GROUPS).index(shown.group),
-                               format_func=lambda g: "per row" if g == 0 else str(g), key=_key(page, "group"),
-                               help="input channels sharing one scale and zero point")
+                               format_func=group_text, key=_key(page, "group"),
+                               help="input channels sharing one scale and zero point; per channel: one per output "
+                                    "channel, i.e. per row of W, across all its input channels")
         c = st.columns(3)
         calibration = c[0].selectbox("Calibration text", list(CALIBRATION_SETS),
                                      index=list(CALIBRATION_SETS).index(shown.calibration),
@@ -131,11 +134,10 @@ def get_result(page: str, s: LabSettings) -> LabResult | None:
 def summary_section(result: LabResult, page: str) -> None:
     s = result.settings
     st.subheader("Size against quality")
-    st.markdown(f"Every linear of every layer on **INT{s.bits}**, "
-                f"{'one scale per output row' if s.group == 0 else f'groups of {s.group}'}, calibrated on "
-                f"{result.calibration_windows * WINDOW} tokens of **{s.calibration}** text. Scored on held-out "
-                "text against the full model: chat answers the full model wrote (the fine-tune's behaviour) and "
-                "plain prose.")
+    st.markdown(f"Every linear of every layer on **INT{s.bits}**, {grid_text(s.group)}; "
+                f"{calibration_text(s.methods, result.calibration_windows * WINDOW, s.calibration)}. Scored on "
+                "held-out text against the full model: chat answers the full model wrote (the fine-tune's "
+                "behaviour) and plain prose.")
     cols = st.columns(len(result.outcomes))
     ref = result.reference
     for col, v in zip(cols, result.outcomes):
@@ -209,8 +211,7 @@ def layers_section(result: LabResult, page: str) -> None:
     chat = {METHOD_LABELS[v.method]: v.scores["chat"].kl for v in result.variants if v.method}
     st.caption("Mean output error on the calibration inputs: " + " · ".join(f"{m} {e:.1%}" for m, e in means.items())
                + ". Against the held-out chat KL above (" + " · ".join(f"{m} {k:.3g}" for m, k in chat.items())
-               + "): a method can fit the calibration text much better than it fits text it never saw, which is "
-               "GPTQ's risk with few calibration tokens.")
+               + "): " + fit_note(result.settings.methods))
     if (frame["method"] == "AWQ").any():
         show_figure(alpha_figure(frame), key=f"{page}-alpha", height=330)
 

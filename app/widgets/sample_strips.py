@@ -10,6 +10,7 @@ import streamlit as st
 from engine.tokenizer import Tokenizer
 
 from app.analysis.test_time import finished
+from app.formatting import plural
 
 _CSS = """
 <style>
@@ -66,7 +67,7 @@ def sample_head_html(s: dict[str, Any], picked_by: list[str]) -> str:
     # A running sample's answer is what its text says so far ("10" after "1 0 ↵" may become "10 apples").
     so_far = " so far" if s["answer"] is not None and not finished(s) else ""
     return (f"<b>{html.escape(s['label'])}</b> · answer <b>{html.escape(answer)}</b>{so_far}{right} · mean log p "
-            f"{score} · {s['num_tokens']} tokens{html.escape(tag)}")
+            f"{score} · {plural(s['num_tokens'], 'token')}{html.escape(tag)}")
 
 
 def sample_strips(samples: list[dict[str, Any]], previous: dict[str, int], picks: dict[int, list[str]],

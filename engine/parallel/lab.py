@@ -97,7 +97,8 @@ def run_parallel_lab(weights: LoadedWeights, settings: ParallelSettings, progres
     say(f"{settings.tp} ranks: the model sharded", 0.35)
     tp_ranks = TensorParallelModel(cfg, weights.state_dict, settings.tp, MAX_LEN)
     sharded = _median_prefill(tp_ranks, ids, generate(tp_ranks, [ids], settings.max_new_tokens, stop))
-    say(f"{settings.micro_batches} requests through {settings.pp} pipeline stages", 0.65)
+    say(f"{settings.micro_batches} request{'s' if settings.micro_batches != 1 else ''} through {settings.pp} "
+        f"pipeline stage{'s' if settings.pp != 1 else ''}", 0.65)
     prompts = (settings.prompt,) + PIPELINE_PROMPTS[:settings.micro_batches - 1]
     run = run_pipeline(one_rank, [tok.chat_prompt_ids(p) for p in prompts],
                        settings.pipeline_tokens, settings.pp, stop)

@@ -11,8 +11,9 @@ import dataclasses
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.engine import LLMEngine, Prompt
+from engine.engine import LLMEngine, Prompt, SampleOutput
 from engine.sampling_params import SamplingParams
+from engine.sequence import PENDING, Sequence
 from engine.test_time.budget import BudgetForcer, BudgetForcing
 from engine.test_time.scoring import ScoredSample, score_sample, select
 from engine.wrapped_engine import EngineWrapper
@@ -62,7 +63,23 @@ class TestTimeEngine(EngineWrapper):
         """Every sample of the request scored (finished or not: the text so far)."""
         result = self.engine.result(request_id)
         truth = self.truths.get(request_id)
-        return tuple(score_sample(i, s.text, s.logprobs, len(s.token_ids), truth) for i, s in enumerate(result.samples))
+        # engine.result lists the samples in index order, as `sequences` does.
+        seqs = sorted((s for s in self.engine.sequences if s.request_id == request_id), key=lambda s: s.index)
+        return tuple(score_sample(i, s.text, s.logprobs, len(s.token_ids), truth, self.answer_text(seq, s))
+                     for i, (seq, s) in enumerate(zip(seqs, result.samples)))
+
+    def answer_text(self, seq: Sequence, sample: SampleOutput) -> str | None:
+        """What a sample's answer is read from. Under a thinking budget: only the text from the answer cue on
+        ("Final answer: ..."), so a number in the thinking never counts, and an answer cut off by the answer-token
+        limit reads as none, not as the last number thought of; "" while the sample still thinks (no answer
+        yet). Without a budget: None, the whole text."""
+        if seq.request_id not in self.forcer.policies:
+            return None
+        st = self.forcer.states.get(seq.seq_id)
+        if st is None or st.thinking:
+            return ""
+        eos = set(self.engine.model_config.eos_token_ids)  # the forced end of turn is a control token, not text
+        return self.engine.tokenizer.decode([t for t in sample.token_ids[st.cue_at:] if t != PENDING and t not in eos])
 
     def snapshot(self) -> dict[str, Any]:
         """Per request: the right answer, each sample's state, and which sample each rule picks."""

@@ -46,8 +46,10 @@ def mean_logprob(logprobs: Sequence[float | None]) -> float:
 
 
 def score_sample(index: int, text: str, logprobs: Sequence[float | None], num_tokens: int,
-                 truth: str | None) -> ScoredSample:
-    answer = extract_answer(text)
+                 truth: str | None, answer_text: str | None = None) -> ScoredSample:
+    """`answer_text`: the part of `text` the answer is read from (None: all of it). Under a thinking budget it
+    is what follows the answer cue, so a number written while thinking is never taken for the answer."""
+    answer = extract_answer(text if answer_text is None else answer_text)
     correct = None if truth is None else answer == truth
     return ScoredSample(index, text, answer, mean_logprob(logprobs), num_tokens, correct)
 

@@ -21,8 +21,8 @@ import app.sections.parallelism as section
 from app.analysis.parallelism import (allowed_degrees, batches_where_tp_pays, break_even_latency_us,
                                       collective_counts, collective_frame, degree_frame, ep_fits, ep_frame,
                                       floor_fit_text, h200_stage_ms, imbalance_curve, lm_head_layers, load_h200,
-                                      load_process_run, memory_frame, pass_times, replicated_bytes, result_json, split_rows,
-                                      stage_frame, token_latency, tp_floor_frame, tp_projection)
+                                      load_process_run, memory_frame, pass_times, replicated_bytes, result_json,
+                                      split_rows, stage_frame, token_latency, tp_floor_frame, tp_projection)
 from app.charts.parallelism import (ep_figure, gantt_figure, imbalance_figure, memory_figure, pass_figure,
                                     projection_figure, split_figure, tp_floor_figure)
 from app.formatting import NO_VALUE

@@ -192,13 +192,17 @@ def test_radix_follow_up_turn(random_app: AppTest) -> None:
     at.button(key="radix-btn-end").click().run()
     session = at.session_state["engine-session:radix"]
     n = len(session.records)
+    # The newest finished conversation is picked first (the oldest was, so a three-turn chat went on from turn 1).
+    picker = at.selectbox(key="radix-follow-id")
+    assert picker.value == picker.options[-1]
+    follow = f"{picker.value}+1"
     at.button(key="FormSubmitter:radix-follow-form-Send (arrives at step %d)" % n).click().run()
     assert_clean(at)
-    assert "shot0+1" in session.specs
+    assert follow in session.specs
     at.button(key="radix-btn-end").click().run()
     assert_clean(at)
-    first = next(b for r in session.records[n:] for b in r.batch if b.request_id == "shot0+1")
-    assert first.num_cached_tokens >= 150  # prompt + answer of shot0 came from the tree
+    first = next(b for r in session.records[n:] for b in r.batch if b.request_id == follow)
+    assert first.num_cached_tokens >= 150  # prompt + answer of that conversation came from the tree
     # An empty message is a message on the page, not a silent no-op.
     sent = len(session.specs)
     at.text_input(key="radix-follow-msg").set_value("  ")

@@ -101,8 +101,8 @@ def worker_timeline(history: list[ClusterStepRecord], order: list[str]) -> go.Fi
                                                                           "prefill worker"],
                      range=[-0.4, 1.45], fixedrange=True, showgrid=False, zeroline=False)
     fig.update_layout(title=dict(text="Two workers, one time axis", subtitle=dict(
-                          text="each bar is one iteration of that worker; arrivals (▼) and KV handoffs (arrows) "
-                               "in each request's colour; the dotted line is the selected tick")),
+                          text="bars: iterations · ▼ arrival, arrow: KV handoff, in the request's colour · "
+                               "dotted: selected tick")),
                       xaxis_title="run clock (ms)", barmode="overlay", bargap=0)
     return fig
 

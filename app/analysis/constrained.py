@@ -140,16 +140,21 @@ def token_rows(sample: dict[str, Any], tokenizer: Tokenizer) -> list[dict[str, A
 class SampleSummary:
     tokens: int
     kinds: dict[str, int]
-    mask_seconds: float  # all the masks of this sample
-    masked_tokens: int  # tokens sampled under a mask
     forbidden_mass: float  # mean probability the grammar took away, over masked tokens
-    hook_seconds: float = 0.0  # the logits hook's whole work on those tokens (mask + statistics)
-    wait_seconds: float = 0.0  # how long sampling waited for those masks (less than mask_seconds when early)
-    # Per masked token, in order: the metrics show medians, because a sample's first mask can take a thousand
-    # times the others (250 ms against 200-700 µs) and a mean then describes no token at all.
-    mask_each: tuple[float, ...] = ()
-    hook_each: tuple[float, ...] = ()
-    wait_each: tuple[float, ...] = ()
+    # Per token sampled under a mask, in order. The metrics show medians, because a sample's first mask can take
+    # a thousand times the others (250 ms against 200-700 µs) and a mean then describes no token at all.
+    mask_each: tuple[float, ...] = ()  # the mask itself
+    hook_each: tuple[float, ...] = ()  # the logits hook's whole work (mask + statistics)
+    wait_each: tuple[float, ...] = ()  # how long sampling waited for the mask (less than the mask when early)
+
+    @property
+    def masked_tokens(self) -> int:
+        return len(self.mask_each)
+
+    @property
+    def mask_seconds(self) -> float:
+        """All the masks of this sample."""
+        return sum(self.mask_each)
 
     @property
     def mean_mask_us(self) -> float:
@@ -176,16 +181,13 @@ class SampleSummary:
         return i, self.mask_each[i]
 
 
-
 def summarize(sample: dict[str, Any]) -> SampleSummary:
     events = sample["events"]
     masked = [e for e in events if e["masked_mass"] is not None]
-    mask = tuple(e["mask_seconds"] for e in masked)
-    hook = tuple(e.get("hook_seconds", 0.0) for e in masked)
-    wait = tuple(e.get("mask_wait_seconds", e["mask_seconds"]) for e in masked)
-    return SampleSummary(len(events), dict(Counter(e["kind"] for e in events)), sum(mask), len(masked),
-                         sum(e["masked_mass"] for e in masked) / len(masked) if masked else 0.0, sum(hook), sum(wait),
-                         mask, hook, wait)
+    return SampleSummary(len(events), dict(Counter(e["kind"] for e in events)),
+                         sum(e["masked_mass"] for e in masked) / len(masked) if masked else 0.0,
+                         tuple(e["mask_seconds"] for e in masked), tuple(e.get("hook_seconds", 0.0) for e in masked),
+                         tuple(e.get("mask_wait_seconds", e["mask_seconds"]) for e in masked))
 
 
 def _median(values: tuple[float, ...]) -> float:

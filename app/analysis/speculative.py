@@ -19,6 +19,7 @@ from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
 from app.analysis.side_by_side import step_alternately
+from app.formatting import plural
 from app.scenarios import Scenario
 from app.session import EngineSession, SessionError
 
@@ -343,7 +344,7 @@ def bench_setup(bench: dict[str, Any]) -> str:
     names_text = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     return (f"{prompts} prompts in each of {names_text}, {bench.get('max_tokens', '?')} new tokens per prompt, "
             f"{runs} per configuration"
-            + (f", {threads} thread{'s' * (int(threads) != 1)}" if threads is not None else ""))
+            + (f", {plural(int(threads), 'thread')}" if threads is not None else ""))
 
 
 def largest_gap(here: dict[str, Any], there: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:

@@ -47,7 +47,16 @@ _BASE_CSS = """
   [class*="st-key-explain-formulas"] [data-testid="stMarkdownContainer"] p {
     padding-left: 1.5em; text-indent: -1.5em; margin-bottom: 0.7rem; line-height: 1.9;
   }
-  /* The home page's topic links carry a one-line summary: let it wrap rather than end in "…". */
+  /* A small projector (1024 pixels) with the sidebar open left the page 564 pixels: Streamlit's wide layout
+     pads it by 80 pixels a side, and two charts side by side got about 280 each, too narrow for their titles,
+     legends and tree labels. Below 1200 pixels the padding shrinks, and in a page narrower than the one a
+     1280-pixel projector gives (820 pixels, where every chart is checked), a row that holds a chart or a table
+     stacks its columns, so each gets the page's whole width. */
+  @media (max-width: 1199px) {
+    [data-testid="stMainBlockContainer"] { padding-left: 1rem; padding-right: 1rem; }
+  }
+  [data-testid="stMainBlockContainer"] { container: page / inline-size; }
+%(stack_normal)s  /* The home page's topic links carry a one-line summary: let it wrap rather than end in "…". */
   [data-testid="stMainBlockContainer"] [data-testid="stPageLink"] .stMarkdownEllipsis,
   [data-testid="stMainBlockContainer"] [data-testid="stPageLink"] p {
     white-space: normal !important; overflow: visible; text-overflow: clip;
@@ -57,7 +66,8 @@ _BASE_CSS = """
 
 _PRESENT_CSS = """
 <style>
-  html, body, [data-testid="stAppViewContainer"] { font-size: 20px; }
+  /* Text a quarter larger needs a quarter more width: the rows stack below 975 pixels of page. */
+%(stack_present)s  html, body, [data-testid="stAppViewContainer"] { font-size: 20px; }
   [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"], [data-testid="stExpandSidebarButton"] { display: none !important; }
   [data-testid="stMainBlockContainer"] { max-width: 100% !important; padding-left: 2.5rem; padding-right: 2.5rem; }
   h1 { font-size: 2.6rem !important; }
@@ -81,6 +91,21 @@ _PRESENT_CSS = """
   [data-testid="stMainBlockContainer"] [data-baseweb="select"] * { font-size: 1.05rem !important; }
 </style>
 """
+
+
+def _stack_rows_below(page_px: int) -> str:
+    """CSS: in a page narrower than `page_px` (the main block's width), each row that holds a chart or a table
+    stacks its columns."""
+    row = ('[data-testid="stHorizontalBlock"]:has(> [data-testid="stColumn"] :is([data-testid="stPlotlyChart"], '
+           '[data-testid="stDataFrame"]))')
+    return (f"  @container page (max-width: {page_px}px) {{\n    {row} {{ flex-wrap: wrap; }}\n"
+            f"    {row} > [data-testid=\"stColumn\"] {{ min-width: 100%; flex: 1 1 100%; }}\n  }}\n")
+
+
+STACK_BELOW_PX = 780  # a 1280-pixel projector with the sidebar open leaves 820, where every chart is checked
+PRESENT_STACK_BELOW_PX = 975  # the same at presentation mode's 20-pixel text (16 otherwise)
+_BASE_CSS = _BASE_CSS.replace("%(stack_normal)s", _stack_rows_below(STACK_BELOW_PX))
+_PRESENT_CSS = _PRESENT_CSS.replace("%(stack_present)s", _stack_rows_below(PRESENT_STACK_BELOW_PX))
 
 
 def presentation_on() -> bool:

@@ -11,6 +11,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from app.presentation import presentation_on
+
+# Presentation mode sets the page's text at 20 pixels instead of 16, tables' included.
+PRESENT_TEXT_SCALE = 20 / 16
+
 
 def in_percent_points(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """A copy of `frame` with the share columns (0..1) times 100, for `share_column`."""
@@ -22,3 +27,10 @@ def share_column(label: str | None = None, bar: bool = True, **kwargs: Any) -> A
     if bar:
         return st.column_config.ProgressColumn(label, format="%.0f%%", min_value=0, max_value=100, **kwargs)
     return st.column_config.NumberColumn(label, format="%.0f%%", **kwargs)
+
+
+def column_px(px: int) -> int:
+    """A column's set width, a quarter wider in presentation mode, whose text is a quarter larger: set widths do
+    not grow with the text, and a stretched table shares its spare width out evenly, not in proportion, so a
+    wide column sized for the normal page cut its longest cells there."""
+    return round(px * PRESENT_TEXT_SCALE) if presentation_on() else px

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.analysis.chunked import compare_chunking, step_splits, token_gaps, unchunked_budget, worst_stall
 from app.analysis.radix import cache_series, compare_prefix_cache, tidy_layout, tree_graph
-from app.charts.radix_tree import BOX_W, CHAR_PX, PLOT_PX_1280, label_width, radix_tree_figure
+from app.charts.radix_tree import BOX_W, CHAR_PX, PLOT_PX, label_width, radix_tree_figure
 from app.scenario_library import CHUNKED_PREFILL, RADIX_PREFIX_CACHE, chatml
 from app.scenarios import scenario_from_json
 from app.session import EngineSession
@@ -82,12 +82,13 @@ def _leaves(snapshot: dict) -> int:
 
 
 def _assert_labels_fit(fig) -> None:  # noqa: ANN001
-    """Node labels at 13 px, and each line of token text inside its box on a 1280-pixel page (the plot width
-    and character width app.charts.radix_tree measured in Chromium): a box is 0.9 of the x range's slots. Fact lines ("3 blk = 24 tok", "last used at step 12") may take 22 characters."""
+    """Node labels at 13 px, and each line of token text inside its box on the narrowest page (1024 pixels,
+    sidebar open: the plot width and character width app.charts.radix_tree measured in Chromium): a box is 0.9
+    of the x range's slots. Fact lines ("3 blk = 24 tok", "last used at step 12") may take 22 characters."""
     labels = next(t for t in fig.data if t.mode == "markers+text")
     assert labels.textfont.size == 13
     lo, hi = fig.layout.xaxis.range
-    box_px = BOX_W / (hi - lo) * PLOT_PX_1280
+    box_px = BOX_W / (hi - lo) * PLOT_PX
     for text in labels.text:
         for line in text.split("<br>"):
             visible = html.unescape(re.sub(r"<[^>]+>", "", line))

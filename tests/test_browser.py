@@ -246,6 +246,24 @@ def assert_chart_text_apart(pg, charts: str = "[data-testid=stPlotlyChart]") -> 
     assert not clashes, f"chart texts overlap: {sorted(set(clashes))}"
 
 
+def assert_fits_small_projector(pg, name: str) -> None:  # noqa: ANN001
+    """The page as it stands, on a 1024-pixel projector with the sidebar open: the main column is 690 pixels,
+    where two charts side by side got ~280 each (their titles, legends and tree labels cut or run together) and
+    tables of eight columns scrolled sideways, until rows holding a chart or a table stacked below 780 pixels of
+    page (app/presentation.py). Resized in place, no rerun: then back to the size it had."""
+    before = pg.viewport_size
+    pg.set_viewport_size(SMALL_PROJECTOR)
+    settle_charts(pg)  # Plotly lays out again at the new width
+    assert_chart_text_fits(pg)
+    assert_chart_text_apart(pg)
+    assert_metrics_fit(pg)
+    assert_buttons_fit(pg)
+    assert_tables_fit(pg)
+    shoot(pg, f"{name}_1024")
+    pg.set_viewport_size(before)
+    settle_charts(pg)
+
+
 def plotly_count(pg) -> int:  # noqa: ANN001
     """Charts that actually drew (a Plotly SVG inside the element)."""
     return pg.locator('[data-testid="stPlotlyChart"] .main-svg').count()
@@ -291,12 +309,16 @@ def _draw(pg, fig) -> None:  # noqa: ANN001 - a page from _plotly_page, a plotly
     pg.wait_for_timeout(50)
 
 
+# The roofline chart on the narrowest page, a 1024-pixel projector with the sidebar open (its height is the page's).
+ROOFLINE_CHART_PX = (692, 600)
+
+
 def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_weights) -> None:  # noqa: ANN001
     """The roofline's labels are placed from the measured ceilings, which move with the machine and its load: one
     CI run measured π = 82.7 GFLOP/s, and the summed "linear layers" label ran into the compute roof's label at
-    1280 pixels (its boxes were estimated for a 780-pixel plot; the plot is 509 there). The chart for a sweep of
-    ceilings, with a prefill step and a decode step of the real shapes selected in turn, drawn at its size in a
-    1280-pixel window: no two texts overlap."""
+    1280 pixels (its boxes were estimated for a 780-pixel plot; the plot was 509 there). The chart for a sweep of
+    ceilings, with a prefill step and a decode step of the real shapes selected in turn, drawn at its size on the
+    narrowest page (a 1024-pixel projector with the sidebar open): no two texts overlap."""
     from app.analysis.roofline_math import family_points, kernel_points, phase_points
     from app.charts.roofline import roofline_chart
     from app.theme import TEMPLATE
@@ -311,7 +333,7 @@ def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_we
     steps = [family_points(kernel_points(r)) for r in records]
     ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
     pg = ctx.new_page()
-    _plotly_page(pg, 820, 560)  # the chart's size on the page at 1280 pixels, sidebar open
+    _plotly_page(pg, *ROOFLINE_CHART_PX)
     try:
         for flops in (2e10, 8.27e10, 3e11, 3.75e11, 2e12):
             for bandwidth in (5e9, 2e10, 8e10):
@@ -319,7 +341,7 @@ def test_roofline_labels_stay_apart_for_any_measured_ceilings(browser, random_we
                 for i, now in enumerate(steps):  # each step selected as the page shows it: the earlier ones faded
                     others = phase_points([p for s in steps[:i] for p in s])
                     fig = roofline_chart(c, now, others, "Step on the roofline")
-                    fig.update_layout(template=TEMPLATE, width=820, height=560)
+                    fig.update_layout(template=TEMPLATE, width=ROOFLINE_CHART_PX[0], height=ROOFLINE_CHART_PX[1])
                     _draw(pg, fig)
                     assert_chart_text_apart(pg, ".chart")
     finally:
@@ -351,7 +373,7 @@ def test_roofline_slope_label_clears_a_kernel_on_the_slope(browser) -> None:  # 
 
     ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
     pg = ctx.new_page()
-    _plotly_page(pg, 820, 560)
+    _plotly_page(pg, *ROOFLINE_CHART_PX)
     try:
         for flops, bandwidth in ((3.42e11, 3.5e10), (9.9e14, 4.8e12)):  # this CPU's ceilings; an H200's
             c = Ceilings(flops, bandwidth, "a sweep", "float32")
@@ -360,7 +382,7 @@ def test_roofline_slope_label_clears_a_kernel_on_the_slope(browser) -> None:  # 
                 on_roof = KernelPoint(step=0, phase="decode", name="lm_head", family="lm_head", backend="torch",
                                       calls=1, seconds=nbytes / bandwidth, flops=intensity * nbytes, bytes=nbytes)
                 fig = roofline_chart(c, [on_roof], [], "Step on the roofline")
-                fig.update_layout(template=TEMPLATE, width=820, height=560)
+                fig.update_layout(template=TEMPLATE, width=ROOFLINE_CHART_PX[0], height=ROOFLINE_CHART_PX[1])
                 _draw(pg, fig)
                 gap, radius = pg.evaluate(_SLOPE_GAP_JS)
                 assert gap >= radius, (flops, bandwidth, intensity, gap, radius)
@@ -449,7 +471,8 @@ ENGINE_PAGES = [
 
 @pytest.mark.parametrize("path,name,min_charts", ENGINE_PAGES, ids=[p[1] for p in ENGINE_PAGES])
 def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) -> None:  # noqa: ANN001
-    """Each engine page on a projector (1280 pixels, sidebar open), stepped four times and scrubbed back.
+    """Each engine page on a projector (1280 pixels, sidebar open; after the fourth step also at 1024), stepped
+    four times and scrubbed back.
     At that width the explanation panel's column is ~335 pixels: display-mode formulas of up to 650 pixels
     were cut off there (the inline ones wrap), and so were eleven chart titles, axis titles and annotations
     written for a 1600-pixel window (long titles now keep their details in a subtitle). Chart text is checked
@@ -469,6 +492,7 @@ def test_engine_page_steps(server, page, path: str, name: str, min_charts: int) 
     assert_buttons_fit(page)
     assert_tables_fit(page)
     shoot(page, f"{name}_step4")
+    assert_fits_small_projector(page, f"{name}_step4")
     scrub_to_first_step(page)  # redrawn from records, still clean
     assert_clean(page)
     assert plotly_count(page) >= min_charts
@@ -646,6 +670,7 @@ def test_flashattention_page(server, page) -> None:  # noqa: ANN001
     assert plotly_count(page) >= 4
     assert_tables_fit(page)
     shoot(page, "05_flashattention_short_prompt")
+    assert_fits_small_projector(page, "05_flashattention_short_prompt")
 
 
 def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
@@ -687,6 +712,7 @@ def test_test_time_compute_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_tables_fit(page)
     shoot(page, "11_test_time_compute_budget_forcing")
+    assert_fits_small_projector(page, "11_test_time_compute_budget_forcing")
 
 
 def test_constrained_decoding_page(server, page) -> None:  # noqa: ANN001
@@ -756,6 +782,7 @@ def test_kv_compression_page(server, page) -> None:  # noqa: ANN001
     assert_chart_text_apart(page)
     assert_tables_fit(page)
     shoot(page, "13_kv_compression_eviction")
+    assert_fits_small_projector(page, "13_kv_compression_eviction")
 
 
 def test_slo_goodput_page(server, page) -> None:  # noqa: ANN001
@@ -773,6 +800,7 @@ def test_slo_goodput_page(server, page) -> None:  # noqa: ANN001
     assert_buttons_fit(page)
     assert_tables_fit(page)
     shoot(page, "14_slo_goodput")
+    assert_fits_small_projector(page, "14_slo_goodput")
     box = page.get_by_label("TTFT target (s)")
     box.fill("0.01")
     box.press("Enter")
@@ -806,6 +834,7 @@ def test_weight_quantization_page(server, page) -> None:  # noqa: ANN001
     assert "down (SwiGLU output)" in chart.inner_text()
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_fits_small_projector(page, "15_weight_quantization")
 
 
 def test_presentation_mode(server, page) -> None:  # noqa: ANN001
@@ -819,6 +848,9 @@ def test_presentation_mode(server, page) -> None:  # noqa: ANN001
     assert_metrics_fit(page)
     assert_buttons_fit(page)
     assert_chart_text_apart(page)
+    # At 1024 pixels, text a third larger: the roofline's ridge label ran into the compute roof's label while its
+    # legend took a third of the chart's width beside the plot.
+    assert_fits_small_projector(page, "02_attention_roofline_presentation")
     for path in ("speculative-decoding", "medusa-eagle", "flashattention"):  # forms with a button in a knob row
         open_page(page, server, path)  # a new session: presentation mode is off again
         page.locator('[data-testid="stSidebar"] [data-testid="stCheckbox"], [data-testid="stSidebar"] label',
@@ -899,6 +931,7 @@ def test_lora_merge_page(server, page) -> None:  # noqa: ANN001
     assert_buttons_fit(page)
     assert_tables_fit(page)
     shoot(page, "16_lora_merge")
+    assert_fits_small_projector(page, "16_lora_merge")
 
 
 def test_multi_lora_page(server, page) -> None:  # noqa: ANN001
@@ -948,6 +981,7 @@ def test_activation_quantization_page(server, page) -> None:  # noqa: ANN001
     assert "down (SwiGLU output)" in chart.inner_text()
     assert_chart_text_fits(page)
     assert_chart_text_apart(page)
+    assert_fits_small_projector(page, "18_activation_quantization")
 
 
 def test_parallelism_page(server, page) -> None:  # noqa: ANN001
@@ -968,6 +1002,7 @@ def test_parallelism_page(server, page) -> None:  # noqa: ANN001
     assert_buttons_fit(page)
     assert_tables_fit(page)
     shoot(page, "19_parallelism")
+    assert_fits_small_projector(page, "19_parallelism")
     choose(page, "Tensor-parallel degree", "2")
     click_button(page, "Shard, pipeline and measure")
     error = page.locator('[data-testid="stAlertContentError"]')

@@ -219,8 +219,10 @@ def score_matrix(probs: torch.Tensor, scores: torch.Tensor, trace: FlashTrace, s
     # matrix, where the followed row's line used to run on).
     fig.update_xaxes(title_text="key position", range=[-0.5, n - 0.5], **index_ticks(n, 8), showgrid=False,
                      zeroline=False, constrain="domain")
+    # The top 4 % left free: where the matrix filled the plot's height (a wide chart, in presentation mode at 1024
+    # pixels) the "0" label of its first row rose half out of the plot, into the subtitle.
     fig.update_yaxes(title_text="query position", range=[n - 0.5, -0.5], **index_ticks(n, 8), showgrid=False,
-                     zeroline=False, scaleanchor="x", constrain="domain")
+                     zeroline=False, scaleanchor="x", constrain="domain", domain=[0, 0.96])
     return fig
 
 

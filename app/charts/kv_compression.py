@@ -88,7 +88,7 @@ def kl_positions_figure(result: LabResult, token_text: Callable[[int], str]) -> 
         agree = r.matches[1:]
         hover = [f"token {s + 1}: {token_text(ref[s])!r} · KL {r.kl[s]:.2g}"
                  + ("" if a else f" · its top: {token_text(int(r.forced_argmax[s]))!r}") for s, a in zip(steps, agree)]
-        # Counted from 1, as the summary table's "Text leaves at" counts.
+        # Counted from 1, as the summary table's "Differs at" counts.
         fig.add_trace(go.Scatter(x=[s + 1 for s in steps], y=ys, mode="lines+markers", name=r.variant.label,
                                  line=dict(color=variant_color(i), width=2),
                                  marker=dict(size=[6 if a else 11 for a in agree],
@@ -221,7 +221,8 @@ def sink_figure(result: LabResult, layer: int, labels: Sequence[str]) -> go.Figu
     # The right panel's axis on its right: on the left, its title sat over the left panel's bars at 1024 pixels.
     fig.update_yaxes(title_text=f"last token's attention, layer {layer}", rangemode="tozero", side="right",
                      automargin=True, row=1, col=2, **share_ticks(float(row.max()) if n else 0.0))
+    # At 1024 pixels with the sidebar open the subtitle ran past the chart's edge, so "reference cache" moved to
+    # the caption under the chart.
     fig.update_layout(title=dict(text="The attention sink", subtitle=dict(
-        text="Left: mean over all generated tokens and query heads (reference cache). "
-             "Right: the orange layer, the last token alone")))
+        text="Left: per layer, mean over generated tokens and heads · right: the orange layer, last token only")))
     return fig

@@ -187,11 +187,12 @@ def gantt_figure(result: ParallelResult, placed: list[Placed]) -> go.Figure:
                          marker=dict(color="white", line=dict(color=MUTED, width=1),
                                      pattern=dict(shape="x", fgcolor=MUTED, size=6)), hoverinfo="skip"))
     end = max((p.end for p in placed), default=0.0) * 1e3
+    # Shorter: at 1024 pixels with the sidebar open the subtitle ran past the chart's edge.
     fig.update_layout(
         barmode="overlay", bargap=0.3, uniformtext=dict(minsize=11, mode="hide"),
         title=dict(text=f"{plural(len(run.tokens), 'request')} through {plural(run.pp, 'pipeline stage')}",
-                   subtitle=dict(text="Measured stage times, one GPU per stage; a wide bar carries its decode "
-                                      "step. Gaps: a stage waiting for work (the bubble)")),
+                   subtitle=dict(text="Measured stage times, one GPU per stage · in a bar: its decode step · "
+                                      "gaps: idle (the bubble)")),
         xaxis=dict(title="ms (measured compute; hops assumed)", range=[0, end * 1.01]),
         yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=rows),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=100))
@@ -216,7 +217,9 @@ def ep_figure(frame: pd.DataFrame, model: str) -> go.Figure:
     fig.update_layout(barmode="group", bargap=0.3,
                       title=dict(text=f"{model}: expert against tensor parallelism", subtitle=dict(
                           text="Arithmetic from the published shapes (this app's model has no experts)")),
-                      legend=dict(orientation="h", yanchor="top", y=-0.15, x=0), margin=dict(t=110))
+                      # Title, subtitle, then the subplot titles: at 110 pixels the subplot titles sat on the
+                      # subtitle in presentation mode's larger type.
+                      legend=dict(orientation="h", yanchor="top", y=-0.15, x=0), margin=dict(t=125))
     return fig
 
 

@@ -95,12 +95,13 @@ def _style(d: dict[str, Any], is_root: bool, step: int) -> tuple[str, str, str, 
     return "#F3F4F6", edge, "dash", 2.5 if edge == TOUCHED else 1.8
 
 
-# Measured in Chromium on a 1280-pixel page with the sidebar open, the narrowest the app is laid out for: the
-# tree's plot area is 740 pixels wide and token text at TREE_LABEL_PX takes up to 6 pixels a character, so
-# ~123 characters span it. Presentation mode's larger text (17 px) gets the sidebar's width too: 1,100
-# pixels, ~140 characters, so a line that fits the normal page fits there as well.
-PLOT_PX_1280, CHAR_PX = 740, 6.0
-CHARS_ACROSS = int(PLOT_PX_1280 / CHAR_PX)
+# Measured in Chromium on the narrowest page the app is laid out for, a 1024-pixel projector with the sidebar
+# open: the tree's plot area is 596 pixels wide (740 at 1280 pixels) and token text at TREE_LABEL_PX takes up
+# to 6 pixels a character, so ~99 characters span it. (Sized for 1280 pixels, sibling labels ran into each
+# other at 1024.) Presentation mode's larger text (17 px, ~7.9 pixels a character) gets the sidebar's width
+# too: 844 pixels at 1024, ~107 characters, so a line that fits the normal page fits there as well.
+PLOT_PX, CHAR_PX = 596, 6.0
+CHARS_ACROSS = int(PLOT_PX / CHAR_PX)
 MIN_SLOTS = 3.5  # the x range never spans fewer leaf slots, so a young tree's boxes stay box-sized
 
 
@@ -203,7 +204,7 @@ def tree_height(snapshot: dict[str, Any] | None) -> int:
 def cache_series_figure(points: list[CachePoint], selected: int | None = None) -> go.Figure:
     """Left: cumulative prompt tokens computed vs served from the tree. Right: hit rates."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.09,
-                        subplot_titles=("Prompt tokens: computed vs served from the tree (cumulative)",
+                        subplot_titles=("Prompt tokens: computed vs cached",
                                         "Hit rate (cumulative)"))
     steps = [p.step for p in points]
     fig.add_scatter(x=steps, y=[p.prefill_computed for p in points], name="prefill tokens computed",
@@ -232,7 +233,7 @@ def cache_series_figure(points: list[CachePoint], selected: int | None = None) -
     if selected is not None:
         for col in (1, 2):
             fig.add_vline(x=selected, line=dict(color=MUTED, dash="dot", width=2), row=1, col=col)
-    fig.update_yaxes(title_text="tokens", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="tokens (cumulative)", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="%", range=[0, 105], row=1, col=2)
     fig.update_xaxes(title_text="engine step", **step_ticks(len(points)),
                      **step_range((p.step for p in points), selected))

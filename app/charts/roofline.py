@@ -47,11 +47,13 @@ _LEFT = ("middle left", "top left", "bottom left", "middle right", "top right", 
 
 Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in log10 data units
 
-# The roofline's plot area at its narrowest, measured in Chromium: 509 x 422 px in a 1280-pixel window with the
-# sidebar open (823 px at 1600; presentation mode at 1280 is wider, with fonts 1.33x, so narrower per character).
-# Label boxes are estimated for this size: estimated for 780 px, a label that fitted at 1600 px ran into the
-# compute roof's label at 1280 once the measured π put them near each other.
-PLOT_PX = (509.0, 422.0)
+# The roofline's plot area at its narrowest, measured in Chromium: 598 x 362 px on a 1024-pixel projector with
+# the sidebar open, the legend under the plot (726 x 393 at 1280; presentation mode at 1024 is 815 x 466 with
+# fonts 1.33x, so 611 x 350 in the fonts these boxes assume). Label boxes are estimated for this size: estimated
+# for 780 px, a label that fitted at 1600 px ran into the compute roof's label at 1280 once the measured π put
+# them near each other.
+PLOT_PX = (598.0, 350.0)
+LEGEND_MARGIN_PX = 160
 
 
 # How Plotly sets a marker's text off its centre (plotly.js Drawing.textPointPosition): r = radius / 0.8 + 1
@@ -286,8 +288,12 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
                      title_text="arithmetic intensity I = FLOPs / bytes moved  (FLOP per byte, log)")
     fig.update_yaxes(**log_axis(si=True), range=[math.log10(y_lo), math.log10(y_hi)],
                      title_text="achieved FLOP/s (log; M = 10⁶, G = 10⁹, T = 10¹²)")
-    fig.update_layout(title=title, legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02),
-                      margin=dict(r=10))
+    # The legend under the plot, not beside it: beside, it took 300 of a 690-pixel chart on a 1024-pixel
+    # projector, and the plot left was too narrow for the ridge's and the roof's labels. Its margin is fixed, room
+    # for the axis title and four rows of entries, so the plot's height does not change with the number of
+    # entries: the bandwidth label's angle is computed from the plot's shape (PLOT_PX).
+    fig.update_layout(title=title, legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0),
+                      margin=dict(r=20, b=LEGEND_MARGIN_PX))
     return fig
 
 

@@ -52,16 +52,19 @@ def attainment_figure(result: SweepResult, slo: SLO) -> go.Figure:
                 # the first).
                 marker=dict(symbol="star", size=max(10, 24 - 5 * i), color=config_color(i),
                             line=dict(width=1.5, color="white")),
-                hovertemplate=f"<b>{c.label}</b>: goodput {good:g} req/s<extra></extra>"))
+                hovertemplate=f"<b>{c.label}</b>: goodput {good:g} req/s<br>the highest rate at the goal, "
+                              "every lower rate at it too<extra></extra>"))
     fig.add_hline(y=100 * slo.goal, line=dict(color=MUTED, dash="dash", width=1.5))
     # Named in the right margin: inside the plot its label sat under the markers at the highest rate, where the
     # curves usually cross the goal.
     fig.add_annotation(x=1, xref="paper", xanchor="left", xshift=6, y=100 * slo.goal, yref="y", showarrow=False,
                        text=f"goal<br>{slo.goal:.0%}", align="left", font=dict(color=MUTED))
+    # At 1024 pixels with the sidebar open the subtitle ran past the chart's edge: goodput's definition moved to
+    # the caption under the chart (slo_goodput section) and the star's hover.
     fig.update_layout(
         title=dict(text="SLO attainment against load", subtitle=dict(
-            text=f"Share of requests with TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {1000 * slo.tpot_s:g} ms; "
-                 "★ goodput: the highest rate with it and every lower rate at the goal")),
+            text=f"Requests with TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {1000 * slo.tpot_s:g} ms · "
+                 "★ each configuration's goodput")),
         xaxis=_rate_axis(result.rates), yaxis=dict(title="requests meeting the SLO (%)", range=[-3, 105]),
         margin=dict(r=70))
     return fig
@@ -70,8 +73,10 @@ def attainment_figure(result: SweepResult, slo: SLO) -> go.Figure:
 def latency_figure(result: SweepResult, slo: SLO) -> go.Figure:
     """TTFT and TPOT at the goal's percentile, and output throughput, against the rate."""
     q = slo.goal * 100
+    # "output tokens/s": at 1024 pixels with the sidebar open "output tokens per second" was wider than its panel
+    # and ran into the top tick label of the panel's y axis.
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        f"TTFT p{q:g} (s)", f"TPOT p{q:g} (ms)", "output tokens per second"))
+        f"TTFT p{q:g} (s)", f"TPOT p{q:g} (ms)", "output tokens/s"))
     for i, c in enumerate(result.configs):
         runs = [result.run(c.label, r) for r in result.rates]
         for col, ys in ((1, [r.ttft_percentile(q) for r in runs]), (2, [1000 * r.tpot_percentile(q) for r in runs]),
@@ -89,9 +94,9 @@ def latency_figure(result: SweepResult, slo: SLO) -> go.Figure:
         fig.update_xaxes(**{**axis, "title": "req/s"}, row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
     # The legend goes below: above the plot it would sit on the subplot titles.
+    # Shorter: at 1024 pixels with the sidebar open the subtitle ran past the chart's edge.
     fig.update_layout(title=dict(text="Latency and throughput against load", subtitle=dict(
-        text="Queueing makes TTFT climb first; bigger batches raise TPOT but carry more tokens per second; "
-             "dashed: the SLO targets")),
+        text="TTFT climbs first (queueing); bigger batches: higher TPOT, more tokens/s · dashed: SLO targets")),
         legend=dict(orientation="h", y=-0.3, yanchor="top", x=0.5, xanchor="center"),
         margin=dict(t=125))  # title, subtitle, then the subplot titles below them
     return fig

@@ -11,7 +11,7 @@ from engine.weight_quant.lab import METHOD_LABELS, LabResult
 
 from app.analysis.weight_quant import INPUT_LABELS
 from app.charts.axes import log_axis
-from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, chart_font_scale
 
 METHOD_COLORS = {"Round-to-nearest": BASELINE_COLOR, "AWQ": ACCENT, "GPTQ": TECHNIQUE_COLOR,
                  "GPTQ act-order": "#0072B2"}  # Okabe-Ito blue
@@ -64,9 +64,12 @@ def layer_error_figure(frame: pd.DataFrame) -> go.Figure:
                           row=1, col=c)
         fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_yaxes(title_text="output error ‖XΔWᵀ‖ / ‖XWᵀ‖", tickformat=".0%", row=1, col=1)
+    # The top margin holds the title, subtitle and subplot titles, a third larger in presentation mode: at 1024
+    # pixels there the subtitle ran into the subplot titles until the margin grew with them.
     fig.update_layout(title=dict(text="Where the error goes, layer by layer", subtitle=dict(
         text="On the calibration inputs each layer really sees (the layers before it already quantized)")),
-        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=110, b=90))
+        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=round(110 * chart_font_scale()),
+                                                                           b=90))
     return fig
 
 
@@ -95,8 +98,11 @@ def activation_figure(magnitudes: np.ndarray, top: int, layer: int, inp: str, ra
                            hovertemplate="channel %{x}: mean |x| = %{y:.3g}<extra></extra>"))
     fig.update_layout(
         title=dict(text=f"Layer {layer}, {INPUT_LABELS[inp]}: mean |x| per input channel", subtitle=dict(
-            text=f"The largest is {ratio:,.0f}× the median; the top {top} (1 %) in orange")),
-        xaxis=dict(title="input channel"), yaxis=dict(title="mean |x| on the calibration tokens", **log_axis()),
+            text=f"On the calibration tokens: the largest is {ratio:,.0f}× the median; the top {top} (1 %) in "
+                 "orange")),
+        # "On the calibration tokens" in the subtitle, not the y-axis title: in presentation mode at 1024 pixels
+        # that title ran up past the plot into the subtitle.
+        xaxis=dict(title="input channel"), yaxis=dict(title="mean |x|", **log_axis()),
         bargap=0, margin=dict(t=100))
     return fig
 

@@ -16,7 +16,7 @@ from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_fig
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
-from app.table_columns import in_percent_points, share_column
+from app.table_columns import column_px, in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -136,16 +136,22 @@ def quality_section(result: ActLabResult, page: str) -> None:
                 f"and a paragraph of prose; calibrated on {result.calibration_tokens:,} tokens of chat. W and A: "
                 "bits per weight and per activation, block scales included.")
     show_figure(quality_figure(result), key=f"{page}-quality", height=500)
-    st.dataframe(in_percent_points(results_frame(result), "Chat top-1", "Prose top-1"), hide_index=True,
-                 width="stretch", column_config={
-        "W bits": st.column_config.NumberColumn(format="%.2f", help="per weight, block scales included"),
-        "A bits": st.column_config.NumberColumn(format="%.2f", help="per activation (16: left in BF16)"),
-        "Chat KL": st.column_config.NumberColumn(format="%.3g", help="mean KL(full ‖ quantized) per answer token"),
-        "Chat top-1": share_column(width="small", help="how often its top token is the full model's"),
-        "Prose KL": st.column_config.NumberColumn(format="%.3g"),
-        "Prose top-1": share_column(width="small"),
-        "Answer leaves at": st.column_config.TextColumn(help="first token where its greedy answer differs from "
-                                                        "the full model's"),
+    frame = in_percent_points(results_frame(result), "Chat top-1", "Prose top-1")
+    # One column for both widths ("4.5 / 4.5", like the formats' W4A4), shares as plain percents and set widths:
+    # at 1024 pixels with the sidebar open (a 690-pixel page) the table took 732 and hid "Answer leaves at".
+    frame.insert(1, "W / A bits", [f"{w:.3g} / {a:.3g}" for w, a in zip(frame.pop("W bits"), frame.pop("A bits"))])
+    num = st.column_config.NumberColumn
+    st.dataframe(frame, hide_index=True, width="stretch", column_config={
+        # A quarter wider in presentation mode (column_px): there "W8A8 INT8 per-tensor + SmoothQuant" was cut.
+        "Format": st.column_config.TextColumn(width=column_px(232)),
+        "W / A bits": st.column_config.TextColumn(width=70, help="bits per weight / per activation, block scales "
+                                                             "included (16: left in BF16)"),
+        "Chat KL": num(format="%.3g", width=60, help="mean KL(full ‖ quantized) per answer token"),
+        "Chat top-1": share_column(bar=False, width=72, help="how often its top token is the full model's"),
+        "Prose KL": num(format="%.3g", width=62),
+        "Prose top-1": share_column(bar=False, width=78),
+        "Answer leaves at": st.column_config.TextColumn("Differs at", width=80, help=(
+            "first token where its greedy answer differs from the full model's (“same as full”: nowhere)")),
     })
     by = {v.key: v.scores["chat"].kl for v in result.variants}
     notes = []

@@ -150,9 +150,16 @@ def _handoff_table(handed: list, session: EngineSession) -> None:  # noqa: ANN00
              "copy out (ms)": h.send_seconds * 1e3, "copy in (ms)": h.receive_seconds * 1e3,
              "GB/s": h.nbytes / max(h.send_seconds + h.receive_seconds, 1e-9) / 1e9,
              "waited (ms)": h.waited_seconds * 1e3} for h in handed]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.2f")
-                                for c in ("MB", "copy out (ms)", "copy in (ms)", "GB/s", "waited (ms)")})
+    # Short headers with the long names in their help: written out, the nine columns ran past a 1024-pixel page.
+    num = st.column_config.NumberColumn
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+        "prompt tokens": num("prompt", help="prompt tokens"),
+        "MB": num(format="%.2f", help="the request's KV: whole blocks, K and V, every layer"),
+        "copy out (ms)": num("out (ms)", format="%.2f", help="copy out: prefill worker's pool to the transport"),
+        "copy in (ms)": num("in (ms)", format="%.2f", help="copy in: transport to the decode worker's pool"),
+        "GB/s": num(format="%.2f", help="MB over the two copies' time"),
+        "waited (ms)": num("waited (ms)", format="%.2f",
+                           help="from the end of the prefill step until the copy in starts")})
     big = max(handed, key=lambda h: h.nbytes)
     links = ", ".join(f"{name} {fmt_duration(big.nbytes / (gb * 1e9))}" for name, gb in NOMINAL_LINKS_GB_S)
     cfg, b = session.engine.model_config, session.kv_bytes_per_element

@@ -137,14 +137,18 @@ def _row_control(n: int, container) -> int:  # noqa: ANN001 (a Streamlit column)
 def settings_section() -> FlashSettings:
     cfg = shared_weights().config
     with st.form("flash-prompt-form", border=False):
-        c = st.columns([4, 1], vertical_alignment="bottom")  # [5, 1] cut "Use this prompt" at 1280 px
+        # [5, 1] cut "Use this prompt" at 1280 px, [4, 1] at 1024 px with the sidebar open, and [3, 1] in
+        # presentation mode at 1024 px (its 24-pixel label).
+        c = st.columns([2.5, 1], vertical_alignment="bottom")
         prompt = c[0].text_area("Prompt (its real Q, K, V are taken from the model)", DEFAULT_PROMPT, height=100,
                                 key="flash-prompt")
         chat = c[1].checkbox("chat template", True, key="flash-chat")
         c[1].form_submit_button("Use this prompt", icon=":material/play_arrow:", type="primary")
     ids = _prompt_ids(str(prompt), bool(chat))
     n = len(ids)
-    c = st.columns([1.2, 1, 1, 1, 2.2, 1.2])
+    # At 1024 pixels with the sidebar open the heatmap's "probabilities" broke into "probabilitie / s": its column
+    # takes width from the tile sizes (two-digit numbers) and the row slider (its label still on one line).
+    c = st.columns([1.1, 0.9, 0.9, 0.9, 2, 1.5])
     layer = c[0].slider("Layer", 0, cfg.num_layers - 1, 3, key="flash-layer")
     head = c[1].selectbox("Query head", list(range(cfg.num_heads)), index=min(3, cfg.num_heads - 1), key="flash-head",
                           help=f"{cfg.num_heads} query heads share {cfg.num_kv_heads} KV heads "

@@ -216,6 +216,10 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
                    "so that row runs once, as the reference.")
     st.markdown(f"**Reference answer:** {html.escape(tok.decode(list(result.reference_tokens), skip_special_tokens=True))}")
     frame = summary_frame(result)
+    # At 1024 pixels with the sidebar open the eight columns took 759 of 690 pixels and hid "Attn ms", so the
+    # share is a plain percent under "Top-1" (the chart below labels it too) and "Text leaves at" reads "Differs
+    # at" (as on the weight page), their detail in help. With a bar, the eviction run's longer names ("BF16 ·
+    # StreamingLLM 64 (4 sinks)") still took 707.
     st.dataframe(in_percent_points(frame, "Top-1 match"), hide_index=True, width="stretch", column_config={
         "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
                                                      "scales, zero points) over the tokens it holds; KIVI's "
@@ -225,12 +229,12 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
         "Size vs BF16": st.column_config.NumberColumn("vs BF16", format="%.2f×", help="its cache's size over a "
                                                       "BF16 cache of every token (quantization and eviction "
                                                       "together): 0.25× is four times smaller"),
-        "Top-1 match": share_column(help="share of positions where its top token is the reference's (fed the "
-                                         "reference's text)"),
+        "Top-1 match": share_column("Top-1", bar=False, width=64, help="top-1 match: share of positions where its "
+                                    "top token is the reference's (fed the reference's text)"),
         "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
                                                    "next-token distributions"),
-        "Text leaves at": st.column_config.TextColumn(help="first token where its own greedy text differs from "
-                                                      "the reference's"),
+        "Text leaves at": st.column_config.TextColumn("Differs at", width=70, help="first token where its own "
+                                                      "greedy text leaves the reference's (counted from 1)"),
         "Attn ms": st.column_config.NumberColumn(format="%.1f", help="per decode step: reading (dequantizing) the "
                                                  "cache and attending, all 30 layers, torch path"),
     })
@@ -311,9 +315,10 @@ def eviction_section(result: LabResult, page: str) -> None:
                       key=f"{page}-sink-layer")
     show_figure(sink_figure(result, layer, labels), key=f"{page}-sink", height=380)
     deep = result.sink_share[cfg.num_layers // 2:].mean()
-    st.caption(f"From layer {cfg.num_layers // 2} on, generated tokens put {deep:.0%} of their attention on "
-               "position 0 on average, whatever it says: softmax must put its weight somewhere, and the first "
-               "token, seen by every query, becomes the sink. Evict it and that weight lands on real tokens.")
+    st.caption(f"With the reference cache, from layer {cfg.num_layers // 2} on, generated tokens put {deep:.0%} of "
+               "their attention on position 0 on average (every query head), whatever it says: softmax must put "
+               "its weight somewhere, and the first token, seen by every query, becomes the sink. Evict it and "
+               "that weight lands on real tokens.")
 
 
 def memory_section(page: str) -> None:
@@ -324,13 +329,21 @@ def memory_section(page: str) -> None:
                             help="e.g. an 80 GB GPU minus weights and activations")
     context = c[1].number_input("Context per sequence (tokens)", 256, 1_000_000, 8192, step=256, key=f"{page}-ctx")
     frame = memory_frame(cfg, float(gib), int(context))
+    # At 1024 pixels with the sidebar open the six columns took 750 of 690 pixels, so the headers are shorter
+    # (the bits and bytes as the results table above writes them), the full names in their tooltips.
     st.dataframe(frame, hide_index=True, width="stretch", column_config={
-        "Bytes per token": st.column_config.NumberColumn(format="%,.0f"),
+        "Bits per number": st.column_config.NumberColumn("Bits", width=50, help="bits per stored number (scales "
+                                                         "and zero points not counted)"),
+        "Bytes per token": st.column_config.NumberColumn("Bytes/token", format="%,.0f", help="bytes per token of "
+                                                         "context, all layers' K and V, scales included"),
         # Not "vs BF16": the results table above uses that header for size (INT4 0.31×), this one is capacity.
         "Fits vs BF16": st.column_config.NumberColumn(format="%.2f×", help="tokens this format holds in the budget "
                                                       "over what BF16 holds: BF16's bytes per token over its own"),
-        "Tokens that fit": st.column_config.NumberColumn(format="%,d"),
-        f"Sequences of {int(context):,} tokens": st.column_config.NumberColumn(format="%,d"),
+        "Tokens that fit": st.column_config.NumberColumn(format="%,d", help=f"tokens of context the {gib:g} GiB "
+                                                         "budget holds"),
+        f"Sequences of {int(context):,} tokens": st.column_config.NumberColumn(
+            f"Sequences of {int(context):,}", format="%,d",
+            help=f"sequences of {int(context):,} tokens that fit in the budget at once"),
     })
     st.caption("By the formula, scales and zero points included (FP16 each); KIVI's FP16 keys that wait for "
                "their group (at most 31 a sequence, whatever its length) are left out. "

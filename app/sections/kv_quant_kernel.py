@@ -12,6 +12,7 @@ from kernels.quant_decode_timing import BF16_BYTES_PER_TOKEN, QuantDecodeTimings
 
 from app.analysis.kv_quant_kernel import BENCH_COMMAND, call_frame, load_measured, roofline_frame, sweep_frame
 from app.charts.kv_quant_kernel import call_figure, roofline_figure, sweep_figure
+from app.charts.roofline import fmt_rate
 from app.formatting import NO_VALUE
 from app.runtime import device, device_label
 from app.state import mark_requested, page_settings, run_on_request, submitted_settings
@@ -81,23 +82,27 @@ def _call_view(t: QuantDecodeTimings, where: str, key: str, ceilings: Ceilings |
     if ceilings is not None:
         show_figure(roofline_figure(roofline_frame(t, ceilings), ceilings, t.batch, t.context, where),
                     key=f"{key}-roofline", height=440, export_width=1100)
+        st.caption(f"Not drawn: the compute roof, {fmt_rate(ceilings.peak_flops, 'FLOP/s')}, far above these "
+                   f"points; the bandwidth roof meets it only at {ceilings.ridge:.0f} FLOP/B.")
     num = st.column_config.NumberColumn
     # Cells with no value (the reference path has no error against itself; the copy-first path reads and writes a
     # copy, so its pool rate means nothing) read "–" (placeholder) rather than "None"; the rest stay numbers, so
-    # a column sorts by value.
+    # a column sorts by value. At 1024 pixels with the sidebar open the seven columns took 780 of 690 pixels, so
+    # the speed-up, time and error headers are shorter, what they compare against in their tooltips.
     st.dataframe(frame[["path", "bytes_per_token", "us", "speed-up", "bytes ratio", "TB/s", "error"]],
                  hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
         "path": st.column_config.TextColumn("Path"),
         "bytes_per_token": num("Bytes/token/layer", format="%,.0f",
                                help="one layer's K and V, all 3 KV heads, scales included (× 30 layers for the "
                                     "whole cache, as the tables above count it)"),
-        "us": num("µs per call", format="%,.1f"),
-        "speed-up": num("vs engine BF16", format="%.2f×"),
+        "us": num("µs/call", format="%,.1f", help="microseconds per decode attention call (one layer)"),
+        "speed-up": num("Speed-up", format="%.2f×",
+                        help="the engine's BF16 kernel's time over this path's: above 1× is faster than it"),
         "bytes ratio": num("Bytes ratio", format="%.2f×",
                            help="BF16's bytes over this format's: a bandwidth-bound kernel's ceiling"),
         "TB/s": num("Pool TB/s", format="%.2f", help="pool bytes read per second"),
-        "error": num("Error vs reference", format="%.1e",
-                     help="‖out − ref‖ / ‖ref‖ against dequantize-then-attend in fp32: the kernel reads the same "
+        "error": num("Rel. error", format="%.1e",
+                     help="‖out − ref‖ / ‖ref‖, ref: dequantize-then-attend in fp32; the kernel reads the same "
                           "numbers, so only rounding differs"),
     })
 

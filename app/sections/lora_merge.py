@@ -101,7 +101,7 @@ def settings_form(page: str) -> MergeSettings:
                 "but it learned nothing, so its answer is just a perturbed base answer.", icon=":material/info:")
     choices = [*names, RANDOM]
     with st.form(f"{page}-form", border=True):
-        c = st.columns([2.4, 1, 1, 2])
+        c = st.columns([2.4, 1, 1])
         adapter = c[0].selectbox("Adapter", choices, index=choices.index(shown.adapter) if shown.adapter in choices
                                  else len(choices) - 1, format_func=_adapter_label, key=_key(page, "adapter"),
                                  help="the trained adapters in engine/assets/adapters/, or random A and B of any "
@@ -110,9 +110,11 @@ def settings_form(page: str) -> MergeSettings:
                               key=_key(page, "rank"), help="only for the random adapter; a trained one has its own")
         new_tokens = c[2].number_input("Tokens to generate", 1, MAX_NEW_TOKENS, shown.max_new_tokens,
                                        key=_key(page, "new-tokens"))
-        batches = c[3].multiselect("Decode batch sizes to time", BATCH_CHOICES, default=list(shown.batch_sizes),
-                                   key=_key(page, "batches"),
-                                   help="B copies of the prompt decode together on each deployment")
+        # Every size on view, the chosen ones lit, on a row of its own: a multiselect in a fourth of the row kept
+        # its chips on one line, and at 1024 pixels with the sidebar open "32" of "1, 8, 32" scrolled out of sight.
+        batches = st.segmented_control("Decode batch sizes to time", BATCH_CHOICES, selection_mode="multi",
+                                       default=list(shown.batch_sizes), key=_key(page, "batches"),
+                                       help="B copies of the prompt decode together on each deployment")
         prompt = st.text_input("Prompt (a chat message every deployment answers)", shown.prompt,
                                key=_key(page, "prompt"),
                                help=f"up to {MAX_PROMPT_CHARS:,} characters; sent in the model's ChatML template")
@@ -216,25 +218,28 @@ def timing_section(result: MergeResult, page: str) -> None:
     show_figure(step_time_figure(result), key=f"{page}-steps", height=460)
     shown = in_percent_points(frame, "Extra", "LoRA share of step", "LoRA FLOPs vs linears")
     num = st.column_config.NumberColumn
-    # Explicit widths and short headers (the details in the tooltips): all nine columns fit on a projector.
+    # Set widths, short headers (the details in the tooltips) and the milliseconds' unit in the cells ("62.8 ms"
+    # under "Merged"): at 1024 pixels with the sidebar open (a 690-pixel page) the nine columns took 722 and hid
+    # "Unmerged tok/s". A GPU's "0.712 ms" still fits.
     st.dataframe(shown, hide_index=True, width="stretch", placeholder=NO_VALUE, column_config={
-        "Batch": num(width=50),
-        "Merged ms": num(format="%.3g", width=80, help="median decode step of the merged checkpoint: the base "
-                                                       "model's shapes, so the base model's cost"),
-        "Unmerged ms": num(format="%.3g", width=92, help="median decode step with the adapter served unmerged by "
-                                                         "the LoRA kernels"),
-        "Extra": num(format="%+.0f%%", width=56, help="unmerged / merged − 1"),
-        "LoRA kernels ms": num("LoRA ms", format="%.3g", width=68, help="the LoRA kernels (lora.qkv + lora.o + "
+        "Batch": num(width=48),
+        "Merged ms": num("Merged", format="%.3g ms", width=62, help="median decode step of the merged "
+                                                                    "checkpoint: the base model's shapes, so the "
+                                                                    "base model's cost"),
+        "Unmerged ms": num("Unmerged", format="%.3g ms", width=72, help="median decode step with the adapter served "
+                                                                        "unmerged by the LoRA kernels"),
+        "Extra": num(format="%+.0f%%", width=54, help="unmerged / merged − 1"),
+        "LoRA kernels ms": num("LoRA", format="%.3g ms", width=62, help="the LoRA kernels (lora.qkv + lora.o + "
                                                                         "lora.gate_up + lora.down over 30 layers) "
                                                                         "in the unmerged median step"),
         "LoRA share of step": share_column("LoRA share", width=96,
                                            help="the LoRA kernels' share of the unmerged step"),
         "LoRA FLOPs vs linears": num(
-            "LoRA FLOPs", format="%.1f%%", width=84,
+            "LoRA FLOPs", format="%.1f%%", width=80,
             help="the LoRA kernels' FLOPs over the base linears' (LM head included), as the engine counts them: its "
                  "slots pad every fused linear to the full stacked rank"),
-        "Merged tok/s": num(format="%.0f", width=92),
-        "Unmerged tok/s": num(format="%.0f", width=104),
+        "Merged tok/s": num(format="%.0f", width=88, help="decode tokens a second: batch / merged step"),
+        "Unmerged tok/s": num(format="%.0f", width=105, help="decode tokens a second: batch / unmerged step"),
     })
     last = frame.iloc[-1]
     fp = result.footprint

@@ -142,18 +142,23 @@ def ceilings_section(device: str) -> Ceilings:
     c: Ceilings = st.session_state[_CEILINGS_KEY]
     with st.container(border=True):
         st.markdown("##### :material/speed: This machine's two ceilings")
-        m = st.columns([1.3, 1.1, 1.2, 0.9])  # "264 GFLOP/s" on one line at 1280 px
+        m = st.columns([1.3, 1.1, 1.2])  # "264 GFLOP/s" on one line at 1280 px
         m[0].metric("Peak compute π", fmt_rate(c.peak_flops, "FLOP/s"), help=f"dense {c.dtype} matmul")
         m[1].metric("Memory bandwidth β", fmt_rate(c.peak_bytes_per_s, "B/s"), help="large copy, read + write")
         m[2].metric("Ridge point π/β", f"{c.ridge:.3g} FLOP/B",
                     help="Kernels with fewer FLOPs per byte than this cannot reach π: they are memory-bound")
-        if m[3].button("Measure again", icon=":material/refresh:", key="roofline-remeasure",
-                       help="The machine is shared: re-measure if the numbers look off"):
+        # The button sits beside the source line, not in the metrics' row: a fourth column there cut its label
+        # to "Measure a…" on a 1024-pixel projector with the sidebar open.
+        with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
+            again = st.button("Measure again", icon=":material/refresh:", key="roofline-remeasure",
+                              help="The machine is shared: re-measure if the numbers look off")
+            st.caption(f"Source: {c.source}{_when(c, st.session_state.get(_REMEASURED_KEY))}. Measured, never "
+                       "datasheet figures: a roofline only means something against the ceilings of the machine the "
+                       "kernels ran on.")
+        if again:
             st.session_state[_CEILINGS_KEY] = measure_ceilings(dev, fresh=True)
             st.session_state[_REMEASURED_KEY] = time.strftime("%H:%M:%S")
             st.rerun()
-        st.caption(f"Source: {c.source}{_when(c, st.session_state.get(_REMEASURED_KEY))}. Measured, never datasheet "
-                   "figures: a roofline only means something against the ceilings of the machine the kernels ran on.")
         with st.expander("Reference: ceilings and attention throughput measured on a GPU"):
             # A static table per GPU: its cells wrap, so the long descriptions and values are read whole.
             paths = _reference_kernel_paths()
@@ -204,7 +209,7 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
     if not now:
         st.info("This step timed no kernels with FLOPs (nothing ran, or the decode ran as one CUDA graph replay).")
         return
-    show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=560)
+    show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=600)
     above = above_roof(now + others, c)  # faded steps too: any point over the roof disproves it
     if above:
         worst = above[0]
@@ -344,9 +349,10 @@ def kernel_paths_section(session: EngineSession) -> None:
     if missing:
         needs = " and ".join(f"“{p.label}”" for p in missing)
         st.info(f"This server has no CUDA GPU, so only the {runnable[0].label} run here; {needs} "
-                f"need{'s' if len(missing) == 1 else ''} one. What all {len(PATHS)} paths measured on a GPU (also in "
-                "the reference table under this machine's ceilings):", icon=":material/info:")
-        st.dataframe(pd.DataFrame(_reference_kernel_paths()), hide_index=True, width="stretch")
+                f"need{'s' if len(missing) == 1 else ''} one. What all {len(PATHS)} paths measured on a GPU in "
+                f"“{ROOFLINE_SCENARIOS[0].name}” (also in the reference table under this machine's ceilings):",
+                icon=":material/info:")
+        st.dataframe(_reference_path_table(), hide_index=True, width="stretch")
     if not runs:
         return
     show_figure(kernel_path_chart(runs), key="roofline-paths", height=130 + 85 * len(runs))
@@ -363,6 +369,17 @@ def kernel_paths_section(session: EngineSession) -> None:
                 "bfloat16 a near-tie between two tokens can go either way. ")
                + ("A CUDA graph's first replay at a new batch size includes capturing it: that step sits apart."
                   if graphs_ran else ""))
+
+
+def _reference_path_table() -> pd.DataFrame:
+    """The same figures as `_reference_kernel_paths`, one row per kernel path and one column per GPU: a row per
+    figure repeated the GPU and the scenario in every row, and at 1024 pixels its columns ran past the page."""
+    label = {p.key: p.label for p in PATHS}
+    paths = {key: {"kernel path": label[key]} for ref in REFERENCE_CEILINGS.values() for key, _ in ref.kernel_paths_ms}
+    for ref in REFERENCE_CEILINGS.values():
+        for key, ms in ref.kernel_paths_ms:
+            paths[key][f"median decode step, {ref.name}"] = f"{ms:.3g} ms"
+    return pd.DataFrame(list(paths.values()))
 
 
 def _reference_kernel_paths() -> list[dict[str, str]]:

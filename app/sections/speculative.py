@@ -213,19 +213,24 @@ def bench_section() -> None:
                    + ". c measured per drafted token; v = verification pass / plain pass.")
         show_figure(bench_figure(bench), key="spec-bench", height=420)
         df = pd.DataFrame(bench_rows(bench))
+        # A column of ticks says one thing when every row has one: the caption says it, and the eleven columns
+        # of a 1024-pixel page with the sidebar open become ten, which fit without scrolling sideways.
+        all_same = bool(df["same tokens as plain"].all()) if len(df) else False
+        if all_same:
+            df = df.drop(columns="same tokens as plain")
         # Short headers, explained in the caption: all eleven columns fit in the expander on a projector.
         num = st.column_config.NumberColumn
         # Every row in sight (at the default height the last rows scrolled out, one cut in half).
         st.dataframe(df, hide_index=True, width="stretch", height="content", column_config={
             "workload": st.column_config.TextColumn(width=64),
             "drafter": st.column_config.TextColumn(width=150),
-            "γ": num(width=34), "α": num(format="%.2f", width=48, help="measured acceptance rate"),
-            "tokens/pass measured": num("τ", format="%.2f", width=50, help="tokens per verification pass, measured"),
-            "tokens/pass predicted": num("τ formula", format="%.2f", width=74,
+            "γ": num(width=34), "α": num(format="%.2f", width=44, help="measured acceptance rate"),
+            "tokens/pass measured": num("τ", format="%.2f", width=44, help="tokens per verification pass, measured"),
+            "tokens/pass predicted": num("τ formula", format="%.2f", width=70,
                                          help="(1 − α^(γ+1)) / (1 − α) with the measured α"),
             # Two significant digits (analysis.speculative.cost_text): "%.3f" printed prompt lookup's 7e-5 as
             # "0.000", which reads as free.
-            "c": st.column_config.TextColumn(width=64, alignment="right", help=(
+            "c": st.column_config.TextColumn(width=58, alignment="right", help=(
                 "the cost of drafting one token, in target passes (prompt lookup's, a dictionary lookup, is "
                 "around 1e-4)")),
             "speedup measured": num("speedup", format="%.2f", width=66, help="measured, vs plain decoding"),
@@ -241,8 +246,9 @@ def bench_section() -> None:
                  "\"formula\": that is timing noise, since a pass over more tokens costs no less than a plain one."
                  if below else "")
         st.caption("τ: tokens per verification pass, measured and by the closed form; speedup: measured, by the "
-                   "closed form, and by the closed form with the verification pass's measured cost v; same: "
-                   "identical tokens to plain decoding." + noise
+                   "closed form, and by the closed form with the verification pass's measured cost v; "
+                   + ("every row produced the same tokens as plain decoding." if all_same else
+                      "same: identical tokens to plain decoding.") + noise
                    + other_bench_note(bench, load_bench(ALL_DRAFTERS_BENCH),
                                       f"The Medusa and EAGLE page's table (bench/results/{ALL_DRAFTERS_BENCH.name})"))
 

@@ -20,6 +20,7 @@ from app.charts.test_time import answer_votes_figure, scaling_curve_figure, thin
 from app.formatting import fmt_duration, plural, step_line
 from app.session import EngineSession
 from app.state import page_cache, page_settings
+from app.table_columns import column_px
 from app.theme import show_figure
 from app.widgets.controls import restart_with
 from app.widgets.explain import explanation
@@ -216,15 +217,17 @@ def step_section(session: EngineSession, record: StepRecord, history: list[StepR
                         height=360, export_width=700)
     text, num = st.column_config.TextColumn, st.column_config.NumberColumn
     # Set widths, so that "picked by" keeps room for all three rules ("majority vote, self-certainty, oracle")
-    # instead of an even share of the row that cut it after the first.
+    # instead of an even share of the row that cut it after the first; each the least its header and cells need
+    # ("120 so far", "aborted"), as at 1024 pixels with the sidebar open (a 690-pixel page) the nine took 796.
     st.dataframe(pd.DataFrame(sample_rows(view)), hide_index=True, width="stretch", column_config={
-        "sample": text(width=58), "status": text(width=72, help="running, or why it ended"),
-        "answer": text(width=64, help="the final answer parsed from its text"),
-        "right?": text(width=56, help="against the task's known answer"),
-        "mean log p": num(format="%.3f", width=84, help="mean log-probability of its tokens: the self-certainty score"),
-        "tokens": num(width=60), "forced": num(width=58, help="tokens the engine forced (budget forcing)"),
-        "blocks (shared + own)": text("blocks", width=64, help="KV blocks: shared with the other samples + its own"),
-        "picked by": text(width=280, help="the rules that pick this sample's answer"),
+        "sample": text(width=54), "status": text(width=58, help="running, or why it ended"),
+        "answer": text(width=68, help="the final answer parsed from its text"),
+        "right?": text(width=46, help="against the task's known answer"),
+        "mean log p": num(format="%.3f", width=76, help="mean log-probability of its tokens: the self-certainty score"),
+        "tokens": num(width=52), "forced": num(width=50, help="tokens the engine forced (budget forcing)"),
+        "blocks (shared + own)": text("blocks", width=52, help="KV blocks: shared with the other samples + its own"),
+        # A quarter wider in presentation mode (column_px): there "oracle" was cut.
+        "picked by": text(width=column_px(214), help="the rules that pick this sample's answer"),
     })
 
 

@@ -88,10 +88,11 @@ def settings_form(page: str) -> LabSettings:
     message)."""
     shown: LabSettings = page_settings(page, LabSettings)
     with st.form(f"{page}-form", border=True):
-        # The methods get half the row: a multiselect does not wrap its chips, and a narrower box hid the third.
+        # The methods get most of the row, and their chips wrap: in a column a multiselect keeps them on one line
+        # by default, and at 1024 pixels with the sidebar open the fourth (GPTQ act-order) scrolled out of sight.
         c = st.columns([3, 1, 1])
         methods = c[0].multiselect("Methods", list(METHODS), default=list(shown.methods),
-                                   format_func=METHOD_LABELS.get, key=_key(page, "methods"))
+                                   format_func=METHOD_LABELS.get, key=_key(page, "methods"), wrap=True)
         bits = c[1].selectbox("Bits", [8, 4, 3, 2], index=[8, 4, 3, 2].index(shown.bits), key=_key(page, "bits"))
         group = c[2].selectbox("Group", list(GROUPS), index=list(GROUPS).index(shown.group),
                                format_func=group_text, key=_key(page, "group"),
@@ -145,26 +146,40 @@ def summary_section(result: LabResult, page: str) -> None:
         col.metric(v.label.split(" · ")[0], fmt_bytes(v.weight_bytes), delta, delta_color="off",
                    help=f"{v.bits_per_weight:.2f} bits per linear weight; chat KL {v.scores['chat'].kl:.3g} nats")
     frame = results_frame(result)
+    # Every checkpoint has the grid said above ("INT4, groups of 64"): the rows name the method, as the metrics
+    # do, and the label column stays as narrow as "Full precision (16-bit)".
+    frame["Weights"] = frame["Weights"].str.split(" · ").str[0]
     num = st.column_config.NumberColumn
-    # Explicit widths and short headers (the details in the tooltips): all eleven columns fit on a projector.
-    st.dataframe(in_percent_points(frame, "Chat top-1"), hide_index=True, width="stretch", placeholder=NO_VALUE,
-                 column_config={
-        "Bits/weight": num("Bits", format="%.2f", width=46, help="bits per linear weight, scales and zero points "
-                                                                  "included"),
-        "MiB": num(format="%.1f", width=52, help="the whole checkpoint: embedding and norms in 16 bits"),
-        "H200 tok/s bound": num("H200 tok/s", format="%,.0f", width=80, help=(
+    weights = st.column_config.TextColumn(width=136)
+    # Two tables with set widths, what a checkpoint costs and what it keeps: at 1024 pixels with the sidebar
+    # open (a 690-pixel page) all eleven columns in one table took 817 and hid the last three.
+    st.dataframe(frame[["Weights", "Bits/weight", "MiB", "H200 tok/s bound", "Quantize s"]], hide_index=True,
+                 width="stretch", placeholder=NO_VALUE, column_config={
+        "Weights": weights,
+        "Bits/weight": num("Bits per weight", format="%.2f", width=98,
+                           help="bits per linear weight, scales and zero points included"),
+        "MiB": num(format="%.1f", width=48, help="the whole checkpoint: embedding and norms in 16 bits"),
+        "H200 tok/s bound": num("H200 decode bound (tok/s)", format="%,.0f", width=170, help=(
             f"at most: batch-1 decode reads every weight once, so {H200.peak_bytes_per_s / 1e12:.2f} TB/s (the "
             "H200's measured copy bandwidth) / checkpoint bytes")),
-        "Chat KL": num(format="%.3g", width=58, help="mean KL(full ‖ quantized) per answer token, in nats"),
+        "Quantize s": num("Quantizing took (s)", format="%.1f", width=122,
+                          help="seconds to quantize all 30 layers here"),
+    })
+    quality = ["Weights", "Chat KL", "Chat top-1", "Chat answers ppl", "Prose KL", "Prose ppl", "Answer leaves at"]
+    st.dataframe(in_percent_points(frame[quality], "Chat top-1"), hide_index=True, width="stretch",
+                 placeholder=NO_VALUE, column_config={
+        "Weights": weights,
+        "Chat KL": num(format="%.3g", width=60, help="mean KL(full ‖ quantized) per answer token, in nats"),
         "Chat top-1": share_column(width=86, help="how often its top token is the full model's"),
         "Chat answers ppl": num("Chat ppl", format="%.2f", width=62, help="perplexity of the full model's own "
                                                                           "answers: how surely it would still write "
                                                                           "them"),
-        "Prose KL": num(format="%.3g", width=60, help="mean KL(full ‖ quantized) per token of held-out prose"),
+        "Prose KL": num(format="%.3g", width=62, help="mean KL(full ‖ quantized) per token of held-out prose"),
         "Prose ppl": num(format="%.2f", width=66, help="perplexity of held-out prose"),
-        "Answer leaves at": st.column_config.TextColumn("Differs at", width=70, help="first token where its greedy "
-                                                        "answer to the prompt differs from the full model's"),
-        "Quantize s": num("Took (s)", format="%.1f", width=58, help="seconds to quantize all 30 layers here"),
+        # 80 pixels, not 70: "same as full" (an answer that never left the full model's) needs 79.
+        "Answer leaves at": st.column_config.TextColumn("Differs at", width=80, help=(
+            "first token where its greedy answer to the prompt differs from the full model's (“same as full”: "
+            "nowhere)")),
     })
     show_figure(quality_figure(result), key=f"{page}-quality", height=430)
     best = min(result.variants, key=lambda v: v.scores["chat"].kl, default=None)
@@ -235,8 +250,8 @@ def download_section(result: LabResult, page: str) -> None:
     st.download_button("Download this run (JSON)", result_json(result), file_name="weight_quantization.json",
                        mime="application/json", icon=":material/download:", key=f"{page}-download")
     took = sum(v.seconds for v in result.variants)
-    st.caption(f"Quantizing alone took {fmt_duration(took)} here (the “Took” column; the run's time at the top "
-               "also covers writing the calibration text, scoring and the greedy answers); "
+    st.caption(f"Quantizing alone took {fmt_duration(took)} here (the “Quantizing took” column; the run's time at "
+               "the top also covers writing the calibration text, scoring and the greedy answers); "
                "the run is kept for everyone on this server "
                "and on this machine's disk, so a class opening the page or a restarted server sees it at once.")
 

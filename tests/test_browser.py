@@ -247,10 +247,11 @@ def assert_chart_text_apart(pg, charts: str = "[data-testid=stPlotlyChart]") -> 
 
 
 def assert_fits_small_projector(pg, name: str) -> None:  # noqa: ANN001
-    """The page as it stands, on a 1024-pixel projector with the sidebar open: the main column is 690 pixels,
+    """The page as it stands, on a 1024-pixel projector with the sidebar open: the main column was 564 pixels,
     where two charts side by side got ~280 each (their titles, legends and tree labels cut or run together) and
-    tables of eight columns scrolled sideways, until rows holding a chart or a table stacked below 780 pixels of
-    page (app/presentation.py). Resized in place, no rerun: then back to the size it had."""
+    tables of eight columns scrolled sideways, until its margins narrowed (690 pixels) and rows holding a chart
+    or a table stacked below 780 pixels of page (app/presentation.py). Resized in place, no rerun: then back to
+    the size it had."""
     before = pg.viewport_size
     pg.set_viewport_size(SMALL_PROJECTOR)
     settle_charts(pg)  # Plotly lays out again at the new width

@@ -85,3 +85,15 @@ def literal_markdown(text: str) -> str:
     """Model text for a cell that renders Markdown (st.table): every Markdown character escaped and newlines as
     ⏎, so a '- ' answer stays a dash instead of becoming a bullet list, and '$' never starts a formula."""
     return _MARKDOWN.sub(r"\\\1", text).replace("\n", " ⏎ ")
+
+
+def fmt_two_significant(x: float) -> str:
+    """Two significant figures, trailing zeros kept ("0.60" above "0.61", "3.0" beside "1.3"), powers of ten
+    written out below 0.001 ("4.2e-05", where "0.000042" filled its cell beside "0.52"); zero is "0". For table
+    cells, whose printf formats have no "#" flag: "%.2g" printed "3" beside "1.3". From 10 on, whole numbers
+    ("12", "123", not "12." or "1.2e+02")."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 10:
+        return f"{x:,.0f}"
+    return f"{x:.1e}" if abs(x) < 1e-3 else f"{x:#.2g}".rstrip(".")  # 9.96 rounds to "10."

@@ -19,7 +19,7 @@ from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
 from app.analysis.side_by_side import step_alternately
-from app.formatting import plural
+from app.formatting import fmt_two_significant, plural
 from app.scenarios import Scenario
 from app.session import EngineSession, SessionError
 
@@ -233,12 +233,9 @@ def load_bench(path: Path = BENCH_PATH) -> dict[str, Any] | None:
 
 
 def cost_text(c: float) -> str:
-    """A drafting cost c in target passes, two significant figures, powers of ten written out below 0.001:
-    prompt lookup's 4.2e-05 beside early exit's 0.52 (as a number column "0.000042" filled its cell and
-    "0.00014" sat next to "4.2e-05"). Trailing zeros stay ("0.60", not "0.6" above "0.61"); zero is "0"."""
-    if c == 0:
-        return "0"
-    return f"{c:.1e}" if 0 < c < 1e-3 else f"{c:#.2g}"
+    """A drafting cost c in target passes, as `fmt_two_significant` writes it: prompt lookup's 4.2e-05 beside
+    early exit's 0.52 (as a number column "0.000042" filled its cell and "0.00014" sat next to "4.2e-05")."""
+    return fmt_two_significant(c)
 
 
 def chain_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:

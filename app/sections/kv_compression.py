@@ -18,7 +18,7 @@ from app.analysis.kv_compression import (FORMAT_CHOICES, OWN_PROMPT, POLICY_CHOI
                                          rows_to_variants, summary_frame)
 from app.charts.kv_compression import (channel_figure, kept_map_figure, kl_positions_figure, roundtrip_figure,
                                        sink_figure, tradeoff_figure, variant_color)
-from app.formatting import NO_VALUE, fmt_duration, plural
+from app.formatting import NO_VALUE, fmt_duration, fmt_two_significant, plural
 from app.runtime import backend_summary, device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run
 from app.table_columns import in_percent_points, share_column
@@ -220,7 +220,10 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
     # share is a plain percent under "Top-1" (the chart below labels it too) and "Text leaves at" reads "Differs
     # at" (as on the weight page), their detail in help. With a bar, the eviction run's longer names ("BF16 ·
     # StreamingLLM 64 (4 sinks)") still took 707.
-    st.dataframe(in_percent_points(frame, "Top-1 match"), hide_index=True, width="stretch", column_config={
+    # KL as text, two significant figures with their trailing zeros: "%.2g" printed "3" beside "1.3".
+    shown = in_percent_points(frame, "Top-1 match").assign(
+        **{"KL (nats)": frame["KL (nats)"].map(fmt_two_significant)})
+    st.dataframe(shown, hide_index=True, width="stretch", column_config={
         "Bytes/token": st.column_config.NumberColumn(format="%,.0f", help="measured: the cache's tensors (codes, "
                                                      "scales, zero points) over the tokens it holds; KIVI's "
                                                      "newest keys wait in FP16 for a full group, so it is a "
@@ -231,7 +234,7 @@ def summary_section(s: LabSettings, result: LabResult, page: str) -> None:
                                                       "together): 0.25× is four times smaller"),
         "Top-1 match": share_column("Top-1", bar=False, width=64, help="top-1 match: share of positions where its "
                                     "top token is the reference's (fed the reference's text)"),
-        "KL (nats)": st.column_config.NumberColumn(format="%.2g", help="mean KL(reference ‖ variant) of the "
+        "KL (nats)": st.column_config.TextColumn(alignment="right", help="mean KL(reference ‖ variant) of the "
                                                    "next-token distributions"),
         "Text leaves at": st.column_config.TextColumn("Differs at", width=70, help="first token where its own "
                                                       "greedy text leaves the reference's (counted from 1)"),

@@ -47,13 +47,14 @@ _LEFT = ("middle left", "top left", "bottom left", "middle right", "top right", 
 
 Box = tuple[float, float, float, float]  # x0, x1, y0, y1 in log10 data units
 
-# The roofline's plot area at its narrowest, measured in Chromium: 598 x 362 px on a 1024-pixel projector with
-# the sidebar open, the legend under the plot (726 x 393 at 1280; presentation mode at 1024 is 815 x 466 with
-# fonts 1.33x, so 611 x 350 in the fonts these boxes assume). Label boxes are estimated for this size: estimated
-# for 780 px, a label that fitted at 1600 px ran into the compute roof's label at 1280 once the measured π put
-# them near each other.
-PLOT_PX = (598.0, 350.0)
-LEGEND_MARGIN_PX = 160
+# The roofline's plot area at its narrowest, measured in Chromium: 590 x 351 px in its 692 x 640 chart on a
+# 1024-pixel projector with the sidebar open, the legend under the plot in a margin of its own (LEGEND_MARGIN_PX),
+# so the plot is 351 high at every width. Label boxes and the bandwidth label's angle are estimated for this size:
+# estimated for 780 px, a label that fitted at 1600 px ran into the compute roof's label at 1280 once the measured
+# π put them near each other; and while the margin (160 px) could not hold four rows of legend, Plotly grew it and
+# the plot was 300 high, not the 350 estimated, so a CI run found the summed "linear layers" on the bandwidth label.
+PLOT_PX = (590.0, 351.0)
+LEGEND_MARGIN_PX = 210  # the x-axis title and four rows of legend entries
 
 
 # How Plotly sets a marker's text off its centre (plotly.js Drawing.textPointPosition): r = radius / 0.8 + 1

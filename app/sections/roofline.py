@@ -209,7 +209,7 @@ def roofline_section(session: EngineSession, record: StepRecord, c: Ceilings) ->
     if not now:
         st.info("This step timed no kernels with FLOPs (nothing ran, or the decode ran as one CUDA graph replay).")
         return
-    show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=600)
+    show_figure(roofline_chart(c, now, others, title), key="roofline-main", height=640)
     above = above_roof(now + others, c)  # faded steps too: any point over the roof disproves it
     if above:
         worst = above[0]

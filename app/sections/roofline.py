@@ -371,19 +371,22 @@ def kernel_paths_section(session: EngineSession) -> None:
                   if graphs_ran else ""))
 
 
+def _reference_path_times() -> list[tuple[str, str, str]]:
+    """(GPU, kernel path, its median decode step of this page's first scenario) for each reference GPU."""
+    label = {p.key: p.label for p in PATHS}
+    return [(ref.name, label[key], f"{ms:.3g} ms") for ref in REFERENCE_CEILINGS.values()
+            for key, ms in ref.kernel_paths_ms]
+
+
 def _reference_path_table() -> pd.DataFrame:
     """The same figures as `_reference_kernel_paths`, one row per kernel path and one column per GPU: a row per
     figure repeated the GPU and the scenario in every row, and at 1024 pixels its columns ran past the page."""
-    label = {p.key: p.label for p in PATHS}
-    paths = {key: {"kernel path": label[key]} for ref in REFERENCE_CEILINGS.values() for key, _ in ref.kernel_paths_ms}
-    for ref in REFERENCE_CEILINGS.values():
-        for key, ms in ref.kernel_paths_ms:
-            paths[key][f"median decode step, {ref.name}"] = f"{ms:.3g} ms"
-    return pd.DataFrame(list(paths.values()))
+    long = pd.DataFrame(_reference_path_times(), columns=["GPU", "kernel path", "ms"])
+    wide = long.pivot(index="kernel path", columns="GPU", values="ms").reindex(long["kernel path"].unique())
+    return wide.rename(columns=lambda gpu: f"median decode step, {gpu}").reset_index().rename_axis(columns=None)
 
 
 def _reference_kernel_paths() -> list[dict[str, str]]:
     """The reference GPUs' median decode step of this page's first scenario on each kernel path."""
-    label = {p.key: p.label for p in PATHS}
-    return [{"GPU": ref.name, "what": f"median decode step, “{ROOFLINE_SCENARIOS[0].name}”, {label[key]}",
-             "measured": f"{ms:.3g} ms"} for ref in REFERENCE_CEILINGS.values() for key, ms in ref.kernel_paths_ms]
+    return [{"GPU": gpu, "what": f"median decode step, “{ROOFLINE_SCENARIOS[0].name}”, {path}", "measured": ms}
+            for gpu, path, ms in _reference_path_times()]

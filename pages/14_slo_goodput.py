@@ -18,7 +18,7 @@ settings = settings_form(PAGE)
 result = get_result(PAGE, settings)
 if result is not None:
     slo = slo_controls(PAGE)
-    summary_section(settings, result, slo)
+    summary_section(settings, result, slo, PAGE)
     curves_section(result, slo, PAGE)
     run_section(result, slo, PAGE)
     table_section(result, slo, PAGE)

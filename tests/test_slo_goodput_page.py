@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from engine.serving_load import SLO, WORKLOADS, LoadConfig, SweepResult, WorkloadSpec, goodput_rate, run_sweep
 from engine.serving_load import sweep as sweep_module
 
+from app.analysis.slo_fit import fitted_targets, round_up
 from app.analysis.slo_goodput import (PRESETS, SweepSettings, beside_target, faster_than, goal_in_requests,
                                       goodput_text, miss_reasons, parse_rates, passes_after_miss_text, preset_rows, requests_frame,
                                       rows_to_configs, runs_frame)
@@ -95,6 +96,28 @@ def test_tables_and_charts_of_a_sweep(small_sweep) -> None:  # noqa: ANN001
     assert hovered == set(table.values())
 
 
+def test_round_targets() -> None:
+    assert [round_up(x) for x in (0.0123, 0.1, 0.101, 0.55, 0.95, 1.0, 1.7, 7.2, 9.0, 42.0)] == \
+        [0.015, 0.1, 0.12, 0.6, 1.0, 1.0, 2.0, 8.0, 10.0, 50.0]
+    with pytest.raises(ValueError):
+        round_up(0.0)
+
+
+def test_fitted_targets_let_one_configuration_reach_the_goal(small_sweep) -> None:  # noqa: ANN001
+    """Targets too tight for every configuration: the fitted ones are round, looser only where they must be,
+    and a configuration then reaches the goal at the lowest rate."""
+    tight = SLO(ttft_s=1e-4, tpot_s=1e-4, goal=0.8)
+    assert small_sweep.leaders(tight) == ()
+    fit = fitted_targets(small_sweep, tight)
+    assert fit.goal == tight.goal and fit.ttft_s > tight.ttft_s and fit.tpot_s > tight.tpot_s
+    assert small_sweep.leaders(fit) and any(small_sweep.goodput(c.label, fit) for c in small_sweep.configs)
+    assert round_up(fit.ttft_s) == fit.ttft_s and round_up(fit.tpot_s) == fit.tpot_s
+    # A target already met stays; only the missed one moves.
+    loose_ttft = SLO(ttft_s=100.0, tpot_s=1e-4, goal=0.8)
+    refit = fitted_targets(small_sweep, loose_ttft)
+    assert refit.ttft_s == 100.0 and refit.tpot_s > 1e-4 and small_sweep.leaders(refit)
+
+
 class _Curves:
     """A sweep's curves without runs: what `passes_after_miss_text` reads."""
 
@@ -157,6 +180,14 @@ def test_page_runs_rereads_targets_and_keeps_results_on_bad_input(random_app: Ap
     at.number_input(key=f"{PREFIX}-ttft").set_value(0.001).run()
     assert [m.value for m in at.metric] == ["below 2 req/s"] * 2
     assert any("No configuration reaches" in w.value for w in at.warning)
+    # One click fits the targets to this machine: a configuration then reaches the goal at the lowest rate.
+    fit = at.button(key=f"{PREFIX}-fit")
+    assert fit.label.startswith("Fit the targets to this machine: TTFT ")
+    fit.click().run()
+    assert_clean(at)
+    assert not at.warning and any("Highest goodput" in m.value for m in at.markdown)
+    # Only the missed target moved (TPOT was met at 10 s).
+    assert at.number_input(key=f"{PREFIX}-ttft").value > 0.001 and at.number_input(key=f"{PREFIX}-tpot").value == 10000.0
     # Bad input: messages, and the results stay.
     at.text_input(key=f"{PREFIX}-rates").set_value("1, fast")
     at.button(key=SUBMIT).click().run()

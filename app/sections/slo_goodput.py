@@ -11,6 +11,7 @@ from engine.serving_load import SLO, WORKLOADS, SweepResult, run_sweep
 from engine.serving_load.sweep import MAX_CONFIGS, check_sweep
 from engine.serving_load.workload import make_requests
 
+from app.analysis.slo_fit import fitted_targets
 from app.analysis.slo_goodput import (DEFAULT_PRESET, PRESETS, SweepSettings, default_rates, default_slo,
                                       default_workload, faster_than, format_rates, goodput_text, miss_reasons,
                                       parse_rates, passes_after_miss_text, preset_rows, requests_frame,
@@ -183,7 +184,13 @@ def get_result(page: str, s: SweepSettings) -> SweepResult | None:
 
 # ---- results -------------------------------------------------------------------------------------
 
-def summary_section(s: SweepSettings, result: SweepResult, slo: SLO) -> None:
+def _set_targets(page: str, targets: SLO) -> None:
+    """The fit button's callback: it runs before the next rerun draws the number inputs, so they may change."""
+    k, ss = _keys(page), st.session_state
+    ss[k["ttft"]], ss[k["tpot"]] = targets.ttft_s, round(1000 * targets.tpot_s, 9)
+
+
+def summary_section(s: SweepSettings, result: SweepResult, slo: SLO, page: str) -> None:
     st.subheader("Goodput of each configuration")
     st.caption(f"{workload_line(s.workload, s.num_requests)} · {plural(len(result.runs), 'run')} of the real engine "
                f"in {fmt_duration(result.seconds)} · backend: {result.backend}")
@@ -203,6 +210,12 @@ def summary_section(s: SweepSettings, result: SweepResult, slo: SLO) -> None:
     if not leaders:
         st.warning(f"No configuration reaches {slo.goal:.0%} at {min(result.rates):g} req/s with these targets. "
                    "Loosen the targets, or add lower rates and run again.", icon=":material/warning:")
+        fit = fitted_targets(result, slo)
+        st.button(f"Fit the targets to this machine: TTFT {fit.ttft_s:g} s, TPOT {1000 * fit.tpot_s:g} ms",
+                  key=f"{page}-fit", icon=":material/tune:", on_click=_set_targets, args=(page, fit),
+                  help="targets just loose enough for one configuration to reach the goal at the lowest rate: its "
+                       "measured latencies there plus 20 %, rounded up (a target already met stays). The runs are "
+                       "re-read, not re-run.")
         return
     good = goodput_text(result.goodput(leaders[0], slo), result.rates)
     if len(leaders) > 1:

@@ -26,28 +26,46 @@ def round_up(x: float) -> float:
     return round(10.0 ** (exponent + 1), 12)
 
 
-def _loosened(current: float, measured: float, cap: float) -> float:
-    """The current target, or the measured figure with headroom rounded up where that is looser."""
-    if not math.isfinite(measured) or measured <= 0:
-        return current  # nothing to pace (one-token answers): the target never binds
-    return min(cap, max(current, round_up(HEADROOM * measured)))
+def _loosened(current: float, needed: float, cap: float) -> float:
+    """The current target where the needed figure is within it (no-one asked to move a target that holds),
+    else the needed figure with headroom, rounded up."""
+    if needed <= current:
+        return current
+    return min(cap, round_up(HEADROOM * needed))
 
 
 def _targets_for(run: LoadRun, slo: SLO) -> SLO:
-    """Targets under which this run reaches the goal: its goal-percentile TTFT and TPOT, or, where the requests
-    that miss one target are not the ones that miss the other, its slowest request's."""
-    q = 100 * slo.goal
-    fitted = SLO(_loosened(slo.ttft_s, run.ttft_percentile(q), MAX_TTFT_S),
-                 _loosened(slo.tpot_s, run.tpot_percentile(q), MAX_TPOT_S), slo.goal)
-    if reaches_goal(run.attainment(fitted), slo.goal):
-        return fitted
-    return SLO(_loosened(slo.ttft_s, run.ttft_percentile(100), MAX_TTFT_S),
-               _loosened(slo.tpot_s, run.tpot_percentile(100), MAX_TPOT_S), slo.goal)
+    """The targets that loosen `slo` least while this run reaches the goal. Enough requests must meet both
+    targets at once, and the slow first tokens and the slow paces can belong to different requests, so each
+    request's TTFT is tried as the TTFT target, with the TPOT target the slowest pace among the fastest
+    requests that then count."""
+    timings = run.timings
+    need = min(len(timings), math.ceil(slo.goal * len(timings) - 1e-9))
+    best: SLO | None = None
+    for t in timings:
+        ttft = _loosened(slo.ttft_s, t.ttft_s, MAX_TTFT_S)
+        paces = sorted(u.tpot_s for u in timings if u.ttft_s <= ttft)
+        if len(paces) < need:
+            continue
+        tpot = _loosened(slo.tpot_s, paces[need - 1], MAX_TPOT_S) if need else slo.tpot_s
+        candidate = SLO(ttft, tpot, slo.goal)
+        if not reaches_goal(run.attainment(candidate), slo.goal):
+            continue  # a target held at its cap
+        if best is None or _cost(candidate, slo) < _cost(best, slo):
+            best = candidate
+    return best or SLO(MAX_TTFT_S, MAX_TPOT_S, slo.goal)
+
+
+def _cost(targets: SLO, slo: SLO) -> tuple[int, float, float]:
+    """How far targets loosen `slo`: how many of the two move (a target enough requests meet on their own stays,
+    the other takes up the slack), then the larger of the two ratios, then their sum."""
+    ratios = (targets.ttft_s / slo.ttft_s, targets.tpot_s / slo.tpot_s)
+    return (sum(r > 1 for r in ratios), max(ratios), sum(ratios))
 
 
 def fitted_targets(result: SweepResult, slo: SLO) -> SLO:
-    """The targets that loosen `slo` least (by the larger of the two ratios) while one configuration reaches the
-    goal at the lowest tested rate; a target already met there stays as it is. The goal itself never moves."""
+    """The targets that loosen `slo` least (`_cost`) while one configuration reaches the goal at the lowest tested
+    rate; a target that enough requests meet there on their own stays. The goal itself never moves."""
     rate = min(result.rates)
     candidates = [_targets_for(result.run(c.label, rate), slo) for c in result.configs]
-    return min(candidates, key=lambda t: (max(t.ttft_s / slo.ttft_s, t.tpot_s / slo.tpot_s), t.ttft_s, t.tpot_s))
+    return min(candidates, key=lambda t: _cost(t, slo))

@@ -20,10 +20,10 @@ def round_up(x: float) -> float:
         raise ValueError(f"round_up needs a positive number, got {x!r}")
     exponent = math.floor(math.log10(x))
     for step in ROUND_STEPS:
-        value = round(step * 10.0 ** exponent, 12)  # 1.2e-1, not 0.12000000000000001
+        value = float(f"{step * 10.0 ** exponent:.6g}")  # 0.12, not 0.12000000000000001
         if value >= x * (1 - 1e-12):
             return value
-    return round(10.0 ** (exponent + 1), 12)
+    return float(f"{10.0 ** (exponent + 1):.6g}")
 
 
 def _loosened(current: float, needed: float, cap: float) -> float:

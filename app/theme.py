@@ -135,9 +135,10 @@ def place_legend(fig: go.Figure, height: int, font_size: int) -> None:
     legend wrapping onto several lines in a narrow column (a 1280-pixel projector, a half-width chart)
     pushes the plot aside instead of covering the title or the x-axis title: Plotly widens the margin
     for a legend placed in container coordinates, but not for one hung off the plot at y = 1 or y < 0.
-    Legends placed anywhere else (beside the plot, inside it) are left alone."""
+    Legends placed anywhere else (beside the plot, inside it), and legends a builder hung off the plot with an
+    explicit yref="paper" (in a bottom margin it made big enough itself), are left alone."""
     legend = fig.layout.legend
-    if legend.orientation == "v" or fig.layout.showlegend is False or legend.yref == "container":
+    if legend.orientation == "v" or fig.layout.showlegend is False or legend.yref in ("container", "paper"):
         return
     y = 1.0 if legend.y is None else legend.y  # None: the template's place, above the plot
     if y >= 1.0 and legend.yanchor in (None, "bottom"):

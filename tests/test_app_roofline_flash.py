@@ -29,8 +29,8 @@ from app.analysis.roofline_math import (attention_decode_intensity, crossing_bat
                                         phase_points, step_phase, unplottable_kernels)
 from app.charts.flash_tiles import method_chart, online_softmax_chart, score_matrix, tile_grid
 from app.charts.kernel_paths import kernel_path_chart
-from app.charts.roofline import (decode_calculator_chart, place_labels, request_latency_chart, roofline_chart,
-                                 step_latency_chart)
+from app.charts.roofline import (decode_intensity_chart, decode_throughput_chart, place_labels,
+                                 request_latency_chart, roofline_chart, step_latency_chart)
 from app.scenarios import RequestSpec, Scenario
 from kernels.flash_trace import flash_attention_tiled, naive_attention
 
@@ -122,9 +122,13 @@ def test_roofline_charts_build(run_records) -> None:  # noqa: ANN001
     names = [t.name or "" for t in fig.data]
     assert "ridge point" in names and any("this step" in n for n in names) and "other prefill steps (summed)" in names
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    calc = decode_calculator_chart(CFG, 4, c, 8, 1024)
-    lo, hi = calc.layout.xaxis2.range  # throughput panel: batch 1 sits clear of the y axis's "0"
+    intensity = decode_intensity_chart(CFG, 4, c, 8, 1024)
+    assert intensity.layout.xaxis.type == "log" and intensity.layout.yaxis.type == "log"
+    throughput = decode_throughput_chart(CFG, 4, c, 8, 1024)
+    lo, hi = throughput.layout.xaxis.range  # batch 1 sits clear of the y axis's "0"
     assert lo < 0 < math.log10(4096) < hi
+    # Two figures with one bottom margin: side by side, their plots are the same height.
+    assert intensity.layout.margin.b == throughput.layout.margin.b
     step_latency_chart(run_records, 2)
     fig = request_latency_chart(run_records[-1], ["r0", "r1"])
     assert list(fig.data[0].x) == ["r0", "r1"]
@@ -310,7 +314,7 @@ def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Selected step"] == "3 (decode)"
     assert metrics["Mean TPOT"] != "–"
-    assert len(at.get("plotly_chart")) >= 4  # roofline, step times, TTFT/TPOT, calculator
+    assert len(at.get("plotly_chart")) >= 5  # roofline, step times, TTFT/TPOT, the calculator's two
     at.slider(key="roofline-scrub").set_value(0).run()  # back to the prefill: redrawn from its record
     _no_exception(at)
     assert {m.label: m.value for m in at.metric}["Selected step"] == "0 (prefill)"

@@ -41,7 +41,9 @@ def test_bottom_legend_goes_to_the_figure_bottom() -> None:
 
 @pytest.mark.parametrize("legend", [dict(orientation="v", yanchor="top", y=1, x=1.02),  # beside the plot
                                     dict(yanchor="top", y=0.98, x=0.02),  # inside it
-                                    dict(yref="container", yanchor="bottom", y=0.0)])  # already placed
+                                    dict(yref="container", yanchor="bottom", y=0.0),  # already placed
+                                    # hung under the axis title on purpose, in a margin the chart made big enough
+                                    dict(yref="paper", yanchor="top", y=-0.3, x=0)])
 def test_other_legends_stay(legend: dict) -> None:
     fig = _figure(title="t", legend=legend)
     before = fig.layout.legend.to_plotly_json()

@@ -298,53 +298,76 @@ def roofline_chart(c: Ceilings, now: list[KernelPoint], earlier: list[KernelPoin
     return fig
 
 
-def decode_calculator_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:
-    """Left: intensity vs batch for the decode linear layers, the whole decode step (with the KV
-    read at `context`) and decode attention, against the ridge. Right: the roofline-predicted
-    decode throughput vs batch."""
-    batches = [int(round(b)) for b in log_range(1, 4096, 120)]
-    batches = sorted(set(batches))
+# Both calculator charts leave this much room under the plot (ticks, axis title and the intensity chart's legend,
+# five rows at half a 1280-pixel page: at 150 Plotly grew that chart's margin and its plot came out 40 pixels
+# shorter than its neighbour's), so their plots are the same height side by side.
+CALC_BOTTOM_PX = 200
+
+
+def _calc_batches() -> list[int]:
+    return sorted({int(round(b)) for b in log_range(1, 4096, 120)})
+
+
+def decode_intensity_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:
+    """Intensity vs batch for the decode linear layers, the whole decode step (with the KV read at `context`)
+    and decode attention, against the ridge. One figure per chart, not two subplots: a row of two figures
+    stacks on a narrow page (each then gets the whole width), one figure's two panels cannot."""
+    batches = _calc_batches()
     lin = [linear_intensity(cfg, b, elem) for b in batches]
     whole = [decode_step(cfg, b, context, elem).intensity for b in batches]
     attn = attention_decode_intensity(cfg, elem)
     cross = crossing_batch(cfg, elem, c.ridge)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("Arithmetic intensity of a decode step", "Roofline-predicted decode throughput"))
+    fig = go.Figure()
     fig.add_scatter(x=batches, y=lin, mode="lines", name="linear layers (weights read once per step)",
-                    line=dict(color=PHASE_COLORS["decode"], width=3), row=1, col=1,
+                    line=dict(color=PHASE_COLORS["decode"], width=3),
                     hovertemplate="batch %{x}: %{y:.3g} FLOP/B<extra>linear layers</extra>")
     fig.add_scatter(x=batches, y=whole, mode="lines", name=f"whole step incl. KV read at {context} tokens",
-                    line=dict(color="#7A5195", width=2.5, dash="dash"), row=1, col=1,
+                    line=dict(color="#7A5195", width=2.5, dash="dash"),
                     hovertemplate="batch %{x}: %{y:.3g} FLOP/B<extra>whole step</extra>")
     fig.add_scatter(x=[1, 4096], y=[attn, attn], mode="lines", name="decode attention (any batch)",
-                    line=dict(color="#009E73", width=2.5, dash="dot"), row=1, col=1,
+                    line=dict(color="#009E73", width=2.5, dash="dot"),
                     hovertemplate=f"{attn:.3g} FLOP/B<extra>attention</extra>")
     fig.add_scatter(x=[1, 4096], y=[c.ridge, c.ridge], mode="lines", name=f"ridge {c.ridge:.3g} FLOP/B",
-                    line=dict(color="#111827", width=1.5), row=1, col=1, hoverinfo="skip")
-    here = decode_step(cfg, batch, context, elem)
+                    line=dict(color="#111827", width=1.5), hoverinfo="skip")
     fig.add_scatter(x=[batch], y=[linear_intensity(cfg, batch, elem)], mode="markers", name=f"batch {batch}",
                     marker=dict(size=14, color=PHASE_COLORS["decode"], line=dict(color="#111827", width=2)),
-                    row=1, col=1, hovertemplate="batch %{x}: linear I = %{y:.3g} FLOP/B<extra></extra>")
+                    hovertemplate="batch %{x}: linear I = %{y:.3g} FLOP/B<extra></extra>")
     if cross is not None:
-        fig.add_vline(x=cross, line=dict(color=MUTED, dash="dot"), row=1, col=1)
-        fig.add_annotation(x=math.log10(cross), y=math.log10(c.ridge), xref="x", yref="y", text=f"crosses at batch {cross}",
+        fig.add_vline(x=cross, line=dict(color=MUTED, dash="dot"))
+        fig.add_annotation(x=math.log10(cross), y=math.log10(c.ridge), text=f"crosses at batch {cross}",
                            showarrow=True, ax=-60, ay=-40, font=dict(size=12))
-    tps = [b / decode_step(cfg, b, context, elem).seconds(c) for b in batches]
-    fig.add_scatter(x=batches, y=tps, mode="lines", name="tokens/s = batch / max(FLOPs/π, bytes/β)",
-                    line=dict(color="#D55E00", width=3), row=1, col=2,
-                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
-    fig.add_scatter(x=[batch], y=[batch / here.seconds(c)], mode="markers", showlegend=False,
-                    marker=dict(size=14, color="#D55E00", line=dict(color="#111827", width=2)), row=1, col=2,
-                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
     fig.update_xaxes(**log_axis(), title_text="batch size (sequences decoding together)")
-    fig.update_yaxes(**log_axis(), title_text="FLOP per byte", row=1, col=1)
+    fig.update_yaxes(**log_axis(), title_text="FLOP per byte")
+    fig.update_layout(title="Arithmetic intensity of a decode step",
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
+                      margin=dict(b=CALC_BOTTOM_PX))
+    return fig
+
+
+def decode_throughput_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:
+    """The roofline-predicted decode throughput vs batch, the chosen batch marked."""
+    batches = _calc_batches()
+    here = decode_step(cfg, batch, context, elem)
+    tps = [b / decode_step(cfg, b, context, elem).seconds(c) for b in batches]
+    fig = go.Figure()
+    fig.add_scatter(x=batches, y=tps, mode="lines", name="tokens/s = batch / max(FLOPs/π, bytes/β)",
+                    line=dict(color="#D55E00", width=3),
+                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
+    fig.add_scatter(x=[batch], y=[batch / here.seconds(c)], mode="markers",
+                    name=f"batch {batch}: {batch / here.seconds(c):,.0f} tokens/s",
+                    marker=dict(size=14, color="#D55E00", line=dict(color="#111827", width=2)),
+                    hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
+    # The batch axis starts a little left of batch 1, so its "1" and the y axis's "0" are not one label.
+    fig.update_xaxes(**log_axis(), title_text="batch size (sequences decoding together)",
+                     range=[math.log10(0.7), math.log10(4096 / 0.7)])
     # Linear from zero: the curve's flattening is the lesson, and a log axis over a narrow range
     # (a slow CPU's 60-140 tokens/s) had no labelled tick at all and made a small change look big.
-    fig.update_yaxes(rangemode="tozero", tickformat="~s", title_text="output tokens per second", row=1, col=2)
-    # The batch axis starts a little left of batch 1, so its "1" and the y axis's "0" are not one label.
-    fig.update_xaxes(range=[math.log10(0.7), math.log10(4096 / 0.7)], row=1, col=2)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
-                      margin=dict(b=110))
+    fig.update_yaxes(rangemode="tozero", tickformat="~s", title_text="output tokens per second")
+    # Its two-entry legend hangs just under the axis title, not at the foot of the margin kept for the other
+    # chart's five rows: stacked on a narrow page, that left a 100-pixel gap between the axis and the legend.
+    fig.update_layout(title="Roofline-predicted decode throughput",
+                      legend=dict(orientation="h", yref="paper", yanchor="top", y=-0.3, xanchor="left", x=0),
+                      margin=dict(b=CALC_BOTTOM_PX))
     return fig
 
 

@@ -20,8 +20,8 @@ from app.analysis.roofline_math import (above_roof, attention_decode_intensity, 
                                         flops_per_token, kernel_points, linear_intensity, matmul_params, step_phase, step_totals,
                                         unplottable_kernels)
 from app.charts.kernel_paths import kernel_path_chart
-from app.charts.roofline import (decode_calculator_chart, fmt_rate, point_label, request_latency_chart,
-                                 roofline_chart, step_latency_chart)
+from app.charts.roofline import (decode_intensity_chart, decode_throughput_chart, fmt_rate, point_label,
+                                 request_latency_chart, roofline_chart, step_latency_chart)
 from app.formatting import NO_VALUE, fmt_duration
 from app.runtime import server_engine_settings, shared_weights
 from app.scenarios import RequestSpec, Scenario
@@ -304,7 +304,13 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
                    f"cap the batch near {_batch_that_fits(cfg, context, elem, capacity):,} at this context, or "
                    "preempt requests; the prediction below assumes the memory were there.",
                    icon=":material/memory:")
-    show_figure(decode_calculator_chart(cfg, elem, chosen, batch, context), key="roofline-calc", height=460)
+    left, right = st.columns(2)  # side by side from 780 pixels of page, stacked below
+    with left:
+        show_figure(decode_intensity_chart(cfg, elem, chosen, batch, context), key="roofline-calc", height=520,
+                    export_width=700)
+    with right:
+        show_figure(decode_throughput_chart(cfg, elem, chosen, batch, context), key="roofline-calc-throughput",
+                    height=520, export_width=700)
     st.caption(_prefill_caption(cfg, elem, chosen, cross))
 
 

@@ -102,8 +102,10 @@ def _stack_rows_below(page_px: int) -> str:
             f"    {row} > [data-testid=\"stColumn\"] {{ min-width: 100%; flex: 1 1 100%; }}\n  }}\n")
 
 
+# Presentation mode sets the page's text at 20 pixels instead of Streamlit's 16 (_PRESENT_CSS), tables' included.
+PRESENT_TEXT_SCALE = 20 / 16
 STACK_BELOW_PX = 780  # a 1280-pixel projector with the sidebar open leaves 820, where every chart is checked
-PRESENT_STACK_BELOW_PX = 975  # the same at presentation mode's 20-pixel text (16 otherwise)
+PRESENT_STACK_BELOW_PX = round(STACK_BELOW_PX * PRESENT_TEXT_SCALE)  # 975: the same for text a quarter larger
 _BASE_CSS = _BASE_CSS.replace("%(stack_normal)s", _stack_rows_below(STACK_BELOW_PX))
 _PRESENT_CSS = _PRESENT_CSS.replace("%(stack_present)s", _stack_rows_below(PRESENT_STACK_BELOW_PX))
 

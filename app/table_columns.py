@@ -11,10 +11,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app.presentation import presentation_on
-
-# Presentation mode sets the page's text at 20 pixels instead of 16, tables' included.
-PRESENT_TEXT_SCALE = 20 / 16
+from app.presentation import PRESENT_TEXT_SCALE, presentation_on
 
 
 def in_percent_points(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:

@@ -87,6 +87,15 @@ def literal_markdown(text: str) -> str:
     return _MARKDOWN.sub(r"\\\1", text).replace("\n", " ⏎ ")
 
 
+SAME_AS_FULL = "same as full"
+
+
+def first_difference_text(first_difference: int | None) -> str:
+    """Where a quantized model's greedy answer leaves the full model's: "token 5" (counted from 1), or
+    "same as full" where it never does."""
+    return SAME_AS_FULL if first_difference is None else f"token {first_difference + 1}"
+
+
 def fmt_two_significant(x: float) -> str:
     """Two significant figures, trailing zeros kept ("0.60" above "0.61", "3.0" beside "1.3"), powers of ten
     written out below 0.001 ("4.2e-05", where "0.000042" filled its cell beside "0.52"); zero is "0". For table

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from app.formatting import SAME_AS_FULL
 from app.presentation import PRESENT_TEXT_SCALE, presentation_on
 
 
@@ -24,6 +25,13 @@ def share_column(label: str | None = None, bar: bool = True, **kwargs: Any) -> A
     if bar:
         return st.column_config.ProgressColumn(label, format="%.0f%%", min_value=0, max_value=100, **kwargs)
     return st.column_config.NumberColumn(label, format="%.0f%%", **kwargs)
+
+
+def differs_at_column(answer: str = "its greedy answer") -> Any:
+    """The "Differs at" column of a quantization table (`first_difference_text`'s cells), 80 pixels wide, not 70:
+    "same as full" (an answer that never left the full model's) needs 79."""
+    return st.column_config.TextColumn("Differs at", width=80, help=(
+        f"first token where {answer} differs from the full model's (“{SAME_AS_FULL}”: nowhere)"))
 
 
 def column_px(px: int) -> int:

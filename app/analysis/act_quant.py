@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from app.formatting import NO_VALUE
+from app.formatting import NO_VALUE, first_difference_text
 from engine.act_quant.lab import ActLabResult, VariantOutcome
 
 Stat = Literal["mean", "max"]
@@ -62,9 +62,7 @@ def fp8_speedup() -> float:
 
 
 def answer_note(v: VariantOutcome) -> str:
-    if v.variant is None:
-        return NO_VALUE
-    return "same as full" if v.first_difference is None else f"token {v.first_difference + 1}"
+    return NO_VALUE if v.variant is None else first_difference_text(v.first_difference)
 
 
 def results_frame(result: ActLabResult) -> pd.DataFrame:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from app.formatting import MIB, NO_VALUE
+from app.formatting import MIB, NO_VALUE, first_difference_text
 from engine.weight_quant.lab import METHOD_LABELS, LabResult, VariantOutcome
 from kernels.ceilings import REFERENCE_CEILINGS
 
@@ -68,11 +68,7 @@ def decode_bound_tok_s(weight_bytes: int, bytes_per_s: float = H200.peak_bytes_p
 
 def answer_note(v: VariantOutcome) -> str:
     """Where its answer leaves the full model's."""
-    if v.method is None:
-        return NO_VALUE
-    if v.first_difference is None:
-        return "same as full"
-    return f"token {v.first_difference + 1}"
+    return NO_VALUE if v.method is None else first_difference_text(v.first_difference)
 
 
 def results_frame(result: LabResult) -> pd.DataFrame:

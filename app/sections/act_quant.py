@@ -16,7 +16,7 @@ from app.charts.act_quant import alpha_figure, channel_figure, outlier_ratio_fig
 from app.formatting import fmt_duration
 from app.runtime import device, device_label, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
-from app.table_columns import column_px, in_percent_points, share_column
+from app.table_columns import column_px, differs_at_column, in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -150,8 +150,7 @@ def quality_section(result: ActLabResult, page: str) -> None:
         "Chat top-1": share_column(bar=False, width=72, help="how often its top token is the full model's"),
         "Prose KL": num(format="%.3g", width=62),
         "Prose top-1": share_column(bar=False, width=78),
-        "Answer leaves at": st.column_config.TextColumn("Differs at", width=80, help=(
-            "first token where its greedy answer differs from the full model's (“same as full”: nowhere)")),
+        "Answer leaves at": differs_at_column(),
     })
     by = {v.key: v.scores["chat"].kl for v in result.variants}
     notes = []

@@ -18,7 +18,7 @@ from app.charts.weight_quant import (activation_figure, alpha_figure, bits_sweep
 from app.formatting import NO_VALUE, fmt_bytes, fmt_duration
 from app.runtime import device, device_label, dtype_name, shared_weights, weights_mode
 from app.state import page_run, page_settings, progress_reporter, submitted_settings
-from app.table_columns import in_percent_points, share_column
+from app.table_columns import differs_at_column, in_percent_points, share_column
 from app.theme import show_figure
 from app.widgets.answer_rows import answer_rows
 from app.widgets.explain import explanation
@@ -176,10 +176,7 @@ def summary_section(result: LabResult, page: str) -> None:
                                                                           "them"),
         "Prose KL": num(format="%.3g", width=62, help="mean KL(full ‖ quantized) per token of held-out prose"),
         "Prose ppl": num(format="%.2f", width=66, help="perplexity of held-out prose"),
-        # 80 pixels, not 70: "same as full" (an answer that never left the full model's) needs 79.
-        "Answer leaves at": st.column_config.TextColumn("Differs at", width=80, help=(
-            "first token where its greedy answer to the prompt differs from the full model's (“same as full”: "
-            "nowhere)")),
+        "Answer leaves at": differs_at_column("its greedy answer to the prompt"),
     })
     show_figure(quality_figure(result), key=f"{page}-quality", height=430)
     best = min(result.variants, key=lambda v: v.scores["chat"].kl, default=None)

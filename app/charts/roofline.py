@@ -347,14 +347,13 @@ def decode_intensity_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int,
 def decode_throughput_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:
     """The roofline-predicted decode throughput vs batch, the chosen batch marked."""
     batches = _calc_batches()
-    here = decode_step(cfg, batch, context, elem)
+    here_tps = batch / decode_step(cfg, batch, context, elem).seconds(c)
     tps = [b / decode_step(cfg, b, context, elem).seconds(c) for b in batches]
     fig = go.Figure()
     fig.add_scatter(x=batches, y=tps, mode="lines", name="tokens/s = batch / max(FLOPs/π, bytes/β)",
                     line=dict(color="#D55E00", width=3),
                     hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
-    fig.add_scatter(x=[batch], y=[batch / here.seconds(c)], mode="markers",
-                    name=f"batch {batch}: {batch / here.seconds(c):,.0f} tokens/s",
+    fig.add_scatter(x=[batch], y=[here_tps], mode="markers", name=f"batch {batch}: {here_tps:,.0f} tokens/s",
                     marker=dict(size=14, color="#D55E00", line=dict(color="#111827", width=2)),
                     hovertemplate="batch %{x}: %{y:.3s} tokens/s<extra></extra>")
     # The batch axis starts a little left of batch 1, so its "1" and the y axis's "0" are not one label.

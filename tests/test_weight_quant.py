@@ -16,9 +16,9 @@ from engine.weight_quant.dense import (LayerKV, embed, final_logits, greedy_answ
 from engine.weight_quant.grid import Grid, group_params, round_to_nearest
 from engine.weight_quant.gptq import gptq_quantize, hessian
 from engine.weight_quant.lab import (LabSettings, ReferenceTexts, build_eval_set, calibration_windows,
-                                     first_difference, greedy_answers, linear_bits_per_weight, output_error,
-                                     output_error_from_hessian, quantize_model, reference_texts, run_lab, score,
-                                     stored_lab, weight_bytes)
+                                     first_difference, greedy_answers, layer_output_error, linear_bits_per_weight,
+                                     output_error, output_error_from_hessian, quantize_model, reference_texts, run_lab,
+                                     score, stored_lab, weight_bytes)
 from engine.weight_quant.texts import PROSE_CALIBRATION
 from engine.weights import hf_reference_model
 
@@ -111,6 +111,16 @@ def test_output_error_from_the_hessian_is_the_one_from_the_inputs(seed: int) -> 
     w_hat = gptq_quantize(w, hessian(x), Grid(3, 32))
     assert output_error_from_hessian(hessian(x), w, w_hat) == pytest.approx(output_error(x, w, w_hat), rel=1e-4)
     assert output_error_from_hessian(hessian(x), w, w) == 0.0
+
+
+@pytest.mark.parametrize("tokens, out_features", [(256, 160), (256, 40), (16, 160)])
+def test_every_method_reports_the_same_layer_error_by_the_cheaper_route(tokens: int, out_features: int) -> None:
+    """Round-to-nearest and AWQ report their error through H where that is fewer multiply-adds (many tokens, a
+    wide output) and from the inputs where not: the same number either way."""
+    x = _correlated_inputs(tokens, 96, seed=tokens, outliers=3)
+    w = torch.randn(out_features, 96, generator=_gen(out_features))
+    w_hat = round_to_nearest(w, Grid(4, 32))
+    assert layer_output_error(x, w, w_hat) == pytest.approx(output_error(x, w, w_hat), rel=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ AWQ

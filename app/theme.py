@@ -181,6 +181,12 @@ def chart_font_scale() -> float:
     return PRESENT_FONT_SIZE / FONT_SIZE if presentation_on() else 1.0
 
 
+def titled_top_margin(px: int = 110) -> int:
+    """A top margin that holds a title, its subtitle and what sits above the plot (subplot titles, a label), grown
+    by `chart_font_scale()`: in presentation mode at 1024 pixels a fixed margin let the subtitle run into them."""
+    return round(px * chart_font_scale())
+
+
 def show_figure(fig: go.Figure, key: str, height: int = 380, export_width: int = EXPORT_WIDTH) -> None:
     """Render with the house template, a fixed height and a 3x PNG export named after `key`.
 

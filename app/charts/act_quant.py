@@ -12,7 +12,7 @@ from engine.act_quant.lab import VARIANTS, ActLabResult, Variant
 from app.analysis.act_quant import INPUT_LABELS, STAT_LABELS, ChannelView, fmt_times
 from app.charts.axes import log_axis
 from app.charts.colors import tint
-from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, chart_font_scale
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, titled_top_margin
 
 REFERENCE_COLOR = MUTED
 FORMAT_COLORS = {"int8": BASELINE_COLOR, "fp8": "#0072B2", "nvfp4": ACCENT, "mxfp4": "#E69F00"}
@@ -61,9 +61,7 @@ def channel_figure(view: ChannelView) -> go.Figure:
         title=dict(text=f"Layer {view.layer}, {INPUT_LABELS[view.input]}: {stat} per input channel",
                    subtitle=dict(text=f"On the calibration tokens; the top {len(view.outliers)} channels before "
                                       "smoothing in orange, in both panels")),
-        # The top margin holds the title, subtitle and the first panel's title, a third larger in presentation
-        # mode: at 1024 pixels there the subtitle ran into that panel title until the margin grew with them.
-        bargap=0, margin=dict(t=round(110 * chart_font_scale()), b=60))
+        bargap=0, margin=dict(t=titled_top_margin(), b=60))
     return fig
 
 
@@ -88,10 +86,7 @@ def outlier_ratio_figure(frame: pd.DataFrame, stat: str) -> go.Figure:
     fig.update_yaxes(**log_axis())
     fig.update_layout(title=dict(text="How far the outliers stand out, layer by layer", subtitle=dict(
         text=f"Largest channel's {STAT_LABELS[stat]} over the median channel's, on the calibration tokens")),
-        # The top margin holds the title, subtitle and subplot titles, a third larger in presentation mode: at 1024
-        # pixels there the subtitle ran into the subplot titles until the margin grew with them.
-        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=round(110 * chart_font_scale()),
-                                                                           b=90))
+        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=titled_top_margin(), b=90))
     return fig
 
 

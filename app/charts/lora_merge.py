@@ -13,7 +13,7 @@ from engine.lora.merge_lab import MergeResult
 from app.analysis.lora_merge import PARTS, Deployment, breakdown
 from app.charts.axes import log_axis
 from app.formatting import GIB, fmt_bytes
-from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, chart_font_scale
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, titled_top_margin
 
 # Merged and unmerged are the page's A/B pair; the base model is the neutral reference.
 WAY_COLORS = {"base": MUTED, "merged": BASELINE_COLOR, "unmerged": TECHNIQUE_COLOR}
@@ -102,10 +102,7 @@ def spectrum_figure(sp: Spectrum) -> go.Figure:
         xaxis=dict(title="index (largest first)", **log_axis()),
         yaxis=dict(title="singular value", type="log", dtick=3, exponentformat="power", showexponent="all",
                    minor=dict(dtick=1, showgrid=True, gridcolor="rgba(0,0,0,0.04)")),
-        # The top margin holds the title, subtitle and the "r = 8" label, a third larger in presentation mode: at
-        # 1024 pixels there the subtitle ran into the label until the margin grew with them.
-        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(t=round(110 * chart_font_scale()),
-                                                                            b=110))
+        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), margin=dict(t=titled_top_margin(), b=110))
     return fig
 
 

@@ -11,7 +11,7 @@ from engine.weight_quant.lab import METHOD_LABELS, LabResult
 
 from app.analysis.weight_quant import INPUT_LABELS
 from app.charts.axes import log_axis
-from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, chart_font_scale
+from app.theme import ACCENT, BASELINE_COLOR, MUTED, TECHNIQUE_COLOR, titled_top_margin
 
 METHOD_COLORS = {"Round-to-nearest": BASELINE_COLOR, "AWQ": ACCENT, "GPTQ": TECHNIQUE_COLOR,
                  "GPTQ act-order": "#0072B2"}  # Okabe-Ito blue
@@ -64,12 +64,9 @@ def layer_error_figure(frame: pd.DataFrame) -> go.Figure:
                           row=1, col=c)
         fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_yaxes(title_text="output error ‖XΔWᵀ‖ / ‖XWᵀ‖", tickformat=".0%", row=1, col=1)
-    # The top margin holds the title, subtitle and subplot titles, a third larger in presentation mode: at 1024
-    # pixels there the subtitle ran into the subplot titles until the margin grew with them.
     fig.update_layout(title=dict(text="Where the error goes, layer by layer", subtitle=dict(
         text="On the calibration inputs each layer really sees (the layers before it already quantized)")),
-        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=round(110 * chart_font_scale()),
-                                                                           b=90))
+        legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), margin=dict(t=titled_top_margin(), b=90))
     return fig
 
 

@@ -45,8 +45,8 @@ PAGES: tuple[PageSpec, ...] = (
              ":material/database:", "pages/01_kv_cache.py", "kv-cache"),
     PageSpec("Attention roofline", "Memory and attention",
              "The live kernels of every step on this machine's measured roofline: prefill near the compute "
-             "roof, decode on the bandwidth slope; TTFT vs TPOT, kernel launches vs CUDA graphs, and a batch-size "
-             "calculator.",
+             "roof, decode on the bandwidth slope; TTFT vs TPOT, kernel launches vs CUDA graphs, a batch-size "
+             "calculator, and what decoding a block in parallel (diffusion LLMs) does to it.",
              ":material/speed:", "pages/02_attention_roofline.py", "attention-roofline"),
     PageSpec("PagedAttention", "Memory and attention",
              "The physical block pool, block tables, the free list, copy-on-write for parallel samples, "

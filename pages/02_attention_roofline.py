@@ -1,5 +1,6 @@
 """Attention roofline (seed chapter 02): prefill vs decode against this machine's measured ceilings."""
 from app.runtime import device
+from app.sections.parallel_decoding import parallel_decoding_section
 from app.sections.roofline import (ROOFLINE_SCENARIOS, calculator_section, ceilings_section, kernel_paths_section,
                                    latency_section, roofline_explanation, roofline_section, warm_up_gpu_kernels)
 from app.state import get_session
@@ -28,4 +29,5 @@ if record is not None:
     latency_section(session, record, history)
 kernel_timing_panel(record, PAGE)
 kernel_paths_section(session)
-calculator_section(session.engine.model_config, ceilings, session.kv_bytes_per_element)
+choice = calculator_section(session.engine.model_config, ceilings, session.kv_bytes_per_element)
+parallel_decoding_section(session, choice, PAGE)

@@ -314,7 +314,7 @@ def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Selected step"] == "3 (decode)"
     assert metrics["Mean TPOT"] != "–"
-    assert len(at.get("plotly_chart")) >= 5  # roofline, step times, TTFT/TPOT, the calculator's two
+    assert len(at.get("plotly_chart")) >= 6  # roofline, step times, TTFT/TPOT, the calculator's two, parallel
     at.slider(key="roofline-scrub").set_value(0).run()  # back to the prefill: redrawn from its record
     _no_exception(at)
     assert {m.label: m.value for m in at.metric}["Selected step"] == "0 (prefill)"
@@ -325,6 +325,23 @@ def test_roofline_page_steps_and_scrubs(app_env) -> None:  # noqa: ANN001
     _no_exception(at)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Linear layers cross the ridge at"].startswith("B = ")
+    # Decoding in parallel, with the calculator's ceilings: a 16-row pass is memory-bound on an H200, so 8 tokens
+    # a pass is nearly 8x autoregressive decoding.
+    at.select_slider(key="roofline-par-block").set_value(16).run()
+    at.select_slider(key="roofline-par-per-pass").set_value(8).run()
+    _no_exception(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Passes per block T"] == "2" and 7 < float(metrics["Speedup"].rstrip("×")) <= 8
+    assert any("ceilings a pass turns compute-bound at" in c.value for c in at.caption)
+    # The premise timed on this server's model (a short context keeps it quick): crosses on the chart, the
+    # measured speedup beside the predicted one.
+    at.select_slider(key="roofline-calc-ctx").set_value(128).run()
+    at.button(key="roofline-par-measure").click().run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    speedup = next(m for m in at.metric if m.label == "Speedup")
+    assert speedup.proto.delta.startswith("measured: ")
+    assert any("Measured here (128-token context" in c.value for c in at.caption)
     # The scenario on every kernel path this CPU server has: the torch reference kernels only.
     at.button(key="roofline-paths-run").click().run()
     _no_exception(at)

@@ -543,6 +543,17 @@ def test_roofline_page_decode_prefill_and_kernel_paths(server, page) -> None:  #
     assert chart.count() == 1 and "torch reference kernels" in chart.inner_text()
     assert_tables_fit(page)
     shoot(page, "02_attention_roofline_kernel_paths")
+    # Decoding in parallel: real passes over 1 to 128 rows timed, drawn as crosses among the predicted lines.
+    before = plots.count()
+    click_button(page, "Time passes over 1 to 128 rows")
+    page.wait_for_selector('[data-testid="stMetric"]:has-text("measured: ")')
+    assert_clean(page)
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="K positions per pass")
+    assert plots.count() == before and chart.count() == 1 and "measured: 4 per pass" in chart.inner_text()
+    assert_chart_text_fits(page)
+    assert_chart_text_apart(page)
+    assert_metrics_fit(page)
+    shoot(page, "02_attention_roofline_parallel_decoding")
 
 
 def test_kv_cache_measurement(server, page) -> None:  # noqa: ANN001

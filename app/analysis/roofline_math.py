@@ -10,6 +10,7 @@ Two halves, both pure:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -232,19 +233,25 @@ def decode_step(cfg: ModelConfig, batch: int, context: int, elem: int) -> Decode
     return DecodeStep(batch, context, elem, flops, weights, kv, activations)
 
 
-def crossing_batch(cfg: ModelConfig, elem: int, ridge: float, limit: int = 1 << 16) -> int | None:
-    """The smallest batch whose decode linear layers reach the ridge point (compute-bound from there
-    on), or None if they never do below `limit` (intensity saturates at ~ 2 N K / (elem (N + K)))."""
-    if linear_intensity(cfg, limit, elem) < ridge:
+def smallest_reaching(intensity: Callable[[int], float], ridge: float, limit: int = 1 << 16) -> int | None:
+    """The smallest n >= 1 with intensity(n) >= ridge (compute-bound from there on), by bisection: `intensity`
+    must not fall as n grows. None if it stays below the ridge up to `limit`."""
+    if intensity(limit) < ridge:
         return None
     lo, hi = 1, limit
     while lo < hi:
         mid = (lo + hi) // 2
-        if linear_intensity(cfg, mid, elem) >= ridge:
+        if intensity(mid) >= ridge:
             hi = mid
         else:
             lo = mid + 1
     return lo
+
+
+def crossing_batch(cfg: ModelConfig, elem: int, ridge: float, limit: int = 1 << 16) -> int | None:
+    """The smallest batch whose decode linear layers reach the ridge point (compute-bound from there
+    on), or None if they never do below `limit` (intensity saturates at ~ 2 N K / (elem (N + K)))."""
+    return smallest_reaching(lambda b: linear_intensity(cfg, b, elem), ridge, limit)
 
 
 def prefill_linear_intensity(cfg: ModelConfig, prompt_tokens: int, elem: int) -> float:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
@@ -255,7 +256,17 @@ def latency_section(session: EngineSession, record: StepRecord, history: list[St
         show_figure(request_latency_chart(record, session.request_order), key="roofline-ttft", height=340)
 
 
-def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
+@dataclass(frozen=True, slots=True)
+class CalculatorChoice:
+    """What the reader set in the calculator, for the sections under it."""
+
+    ceilings: Ceilings
+    ceilings_label: str
+    elem: int
+    context: int
+
+
+def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> CalculatorChoice:
     st.subheader("Calculator: when does decoding stop being memory-bound?")
     st.markdown("A decode step reads **every weight once** however many sequences it serves, so the batch size is "
                 "the lever: each extra sequence adds FLOPs but (almost) no weight bytes. The KV cache read does grow "
@@ -312,6 +323,7 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> None:
         show_figure(decode_throughput_chart(cfg, elem, chosen, batch, context), key="roofline-calc-throughput",
                     height=520, export_width=700)
     st.caption(_prefill_caption(cfg, elem, chosen, cross))
+    return CalculatorChoice(chosen, label, elem, context)
 
 
 def _batch_that_fits(cfg: ModelConfig, context: int, elem: int, capacity: float) -> int:

@@ -8,14 +8,15 @@ block. What can be measured on the real model is the premise, a forward pass ove
 (`measure_passes`: the tree speculation pages' verification pass with K - 1 nodes)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.config import ModelConfig
 from engine.engine import LLMEngine
 from kernels.ceilings import Ceilings
 
-from app.analysis.roofline_math import (DecodeStep, decode_step, flops_per_token, linear_shapes, matmul_params,
-                                        smallest_reaching)
+from app.analysis.kv_math import kv_bytes_per_token
+from app.analysis.roofline_math import DecodeStep, decode_step, smallest_reaching
 from app.analysis.tree_spec import verify_cost_sweep
 
 BLOCKS = (16, 32, 64, 128, 256, 512, 1024)  # block lengths K the section offers
@@ -25,28 +26,28 @@ TOKENS_PER_PASS = (1, 2, 4, 8, 16)  # K / T: how many positions each denoising p
 def block_pass(cfg: ModelConfig, rows: int, context: int, elem: int) -> DecodeStep:
     """One forward pass over `rows` positions of one sequence: every row attends to the `context` cached tokens and
     to the whole block (bidirectional, as a denoiser's block attends), the weights and the context's KV read once
-    for all of them. (`DecodeStep.batch` holds the rows.)"""
-    flops = rows * flops_per_token(cfg, context + rows)
-    weights = matmul_params(cfg) * elem
-    kv = (context + rows) * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
-    activations = rows * sum(s.per_model * (s.in_features + s.out_features) for s in linear_shapes(cfg)) * elem
-    return DecodeStep(rows, context, elem, flops, weights, kv, activations)
+    for all of them. (`DecodeStep.batch` holds the rows.) The FLOPs, weights and activations are a decode step's of
+    `rows` sequences at `context + rows`; the KV is one sequence's, read once."""
+    step = decode_step(cfg, rows, context + rows, elem)
+    return dataclasses.replace(step, context=context, kv_bytes=(context + rows) * kv_bytes_per_token(cfg, elem))
 
 
 @dataclass(frozen=True, slots=True)
 class ParallelEstimate:
-    """A block of `block` positions written in `passes` passes, against autoregressive decoding of one sequence."""
+    """A block of `block` positions written `tokens_per_pass` at a time, against autoregressive decoding of one
+    sequence."""
 
     block: int
-    passes: int
+    tokens_per_pass: int
     pass_seconds: float
     pass_bound: str  # "memory-bound" / "compute-bound"
     tokens_per_s: float
     autoregressive_tokens_per_s: float
 
     @property
-    def tokens_per_pass(self) -> float:
-        return self.block / self.passes
+    def passes(self) -> int:
+        """T = K / (tokens per pass), rounded up (the last pass keeps what is left)."""
+        return -(-self.block // self.tokens_per_pass)
 
     @property
     def speedup(self) -> float:
@@ -71,7 +72,7 @@ def estimate(cfg: ModelConfig, c: Ceilings, block: int, tokens_per_pass: int, co
         raise ValueError(f"tokens per pass must be between 1 and the block length ({block}), got {tokens_per_pass}")
     step = block_pass(cfg, block, context, elem)
     t = step.seconds(c)
-    return ParallelEstimate(block, -(-block // tokens_per_pass), t, step.bound(c), tokens_per_pass / t,
+    return ParallelEstimate(block, tokens_per_pass, t, step.bound(c), tokens_per_pass / t,
                             autoregressive_tokens_per_s(cfg, c, context, elem))
 
 

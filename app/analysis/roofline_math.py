@@ -18,6 +18,8 @@ from engine.config import ModelConfig
 from engine.trace import StepRecord
 from kernels.ceilings import Ceilings
 
+from app.analysis.kv_math import kv_bytes_per_token
+
 Family = Literal["linear", "lm_head", "attention", "elementwise", "other"]
 StepPhase = Literal["prefill", "decode", "mixed", "idle"]
 
@@ -228,7 +230,7 @@ def decode_step(cfg: ModelConfig, batch: int, context: int, elem: int) -> Decode
     linear layers' input and output rows)."""
     flops = batch * flops_per_token(cfg, context)
     weights = matmul_params(cfg) * elem
-    kv = batch * context * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+    kv = batch * context * kv_bytes_per_token(cfg, elem)
     activations = batch * sum(s.per_model * (s.in_features + s.out_features) for s in linear_shapes(cfg)) * elem
     return DecodeStep(batch, context, elem, flops, weights, kv, activations)
 
@@ -262,3 +264,8 @@ def prefill_linear_intensity(cfg: ModelConfig, prompt_tokens: int, elem: int) ->
 def log_range(lo: float, hi: float, n: int = 200) -> list[float]:
     a, b = math.log10(lo), math.log10(hi)
     return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
+
+
+def log_integers(lo: int, hi: int, n: int) -> list[int]:
+    """`log_range` rounded to whole numbers (batch sizes, block lengths), each once, in order."""
+    return sorted({int(round(x)) for x in log_range(lo, hi, n)})

@@ -11,7 +11,7 @@ from kernels.ceilings import Ceilings
 
 from app.analysis.parallel_decoding import (TOKENS_PER_PASS, MeasuredPass, autoregressive_tokens_per_s,
                                             compute_bound_block, parallel_tokens_per_s)
-from app.analysis.roofline_math import log_range
+from app.analysis.roofline_math import log_integers
 from app.charts.axes import log_axis
 from app.formatting import fmt_duration
 from app.theme import MUTED, titled_top_margin
@@ -22,7 +22,7 @@ PER_PASS_COLORS = dict(zip(TOKENS_PER_PASS, ("#56B4E9", "#0072B2", "#009E73", "#
 
 
 def _blocks(start: int) -> list[int]:
-    return sorted({int(round(b)) for b in log_range(start, BLOCK_AXIS[1], 100)})
+    return log_integers(start, BLOCK_AXIS[1], 100)
 
 
 def parallel_decoding_chart(cfg: ModelConfig, elem: int, c: Ceilings, context: int, block: int,

@@ -12,7 +12,7 @@ from engine.trace import StepRecord
 from kernels.ceilings import Ceilings
 
 from app.analysis.roofline_math import (FAMILY_OF, KernelPoint, attention_decode_intensity, crossing_batch, decode_step,
-                                        linear_intensity, log_range, step_phase)
+                                        linear_intensity, log_integers, log_range, step_phase)
 from app.charts.axes import log_axis
 from app.formatting import fmt_duration
 from app.theme import MUTED, STATUS_COLORS
@@ -305,7 +305,7 @@ CALC_BOTTOM_PX = 200
 
 
 def _calc_batches() -> list[int]:
-    return sorted({int(round(b)) for b in log_range(1, 4096, 120)})
+    return log_integers(1, 4096, 120)
 
 
 def decode_intensity_chart(cfg: ModelConfig, elem: int, c: Ceilings, batch: int, context: int) -> go.Figure:

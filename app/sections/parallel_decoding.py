@@ -55,7 +55,7 @@ def parallel_decoding_section(session: EngineSession, choice: CalculatorChoice, 
     show_figure(parallel_decoding_chart(cfg, choice.elem, choice.ceilings, choice.context, block, per_pass,
                                         measured), key=f"{page}-parallel", height=560)
     turn = compute_bound_block(cfg, choice.ceilings, choice.context, choice.elem)
-    where = choice.ceilings_label.removesuffix(" (table)").removesuffix(" (measured)")
+    where = choice.ceilings_name
     if turn is None:
         reach = f"With {where}'s ceilings a pass stays memory-bound at any block length shown."
     else:

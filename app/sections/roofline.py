@@ -265,6 +265,15 @@ class CalculatorChoice:
     elem: int
     context: int
 
+    @property
+    def ceilings_name(self) -> str:
+        return ceilings_name(self.ceilings_label)
+
+
+def ceilings_name(label: str) -> str:
+    """The calculator's ceilings choice in words: "this machine", "NVIDIA H200" (its radio label's suffix off)."""
+    return label.removesuffix(" (table)").removesuffix(" (measured)")
+
 
 def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> CalculatorChoice:
     st.subheader("Calculator: when does decoding stop being memory-bound?")
@@ -309,7 +318,7 @@ def calculator_section(cfg: ModelConfig, c: Ceilings, server_elem: int) -> Calcu
     bottom[2].metric("Predicted output tokens/s", f"{batch / t:,.0f}", help="B tokens per step ÷ the step time")
     resident = step.weight_bytes + step.kv_bytes
     if capacity and resident > capacity:
-        where = label.removesuffix(" (table)").removesuffix(" (measured)")
+        where = ceilings_name(label)
         st.warning(f"This batch does not fit: the weights and {batch} × {context:,} cached tokens of KV need "
                    f"{fmt_rate(resident, 'B')}, and {where} has {fmt_rate(capacity, 'B')} of memory. A server would "
                    f"cap the batch near {_batch_that_fits(cfg, context, elem, capacity):,} at this context, or "

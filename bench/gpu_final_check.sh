@@ -31,7 +31,7 @@ case "${1:-}" in
     timeout 150 python3 bench/throughput.py --device cuda --weights random --num-requests 256 --batch1 \
       --out "$OUT/throughput_cuda.json" 2>&1 | tee "$OUT/throughput_cuda.log"
     timeout 330 $PYTEST tests/test_engine_gpu.py tests/test_graph_capture.py tests/test_kernels.py tests/test_gemv.py \
-      tests/test_parallel.py tests/test_scaling_gpu.py > "$OUT/gpu_tests_engine.log" 2>&1 &
+      tests/test_parallel.py tests/test_scaling_gpu.py tests/test_pass_timing.py > "$OUT/gpu_tests_engine.log" 2>&1 &
     timeout 330 $PYTEST tests/test_fused_kernels.py tests/test_quant_decode_kernel.py tests/test_lora_kernels.py \
       tests/test_lora_gpu.py tests/test_kv_compression_gpu.py tests/test_serving_load_gpu.py \
       tests/test_disaggregated_gpu.py > "$OUT/gpu_tests_features.log" 2>&1 &

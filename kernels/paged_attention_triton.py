@@ -493,6 +493,13 @@ def _flat_tree_masks(tree_masks: tuple[torch.Tensor | None, ...],
     return _LAST_TREE[1], _LAST_TREE[2]
 
 
+def last_tree_mask_buffers() -> tuple[torch.Tensor, ...]:
+    """The device tensors holding the last flattened tree masks. A CUDA graph captured over a tree launch reads
+    them at every replay, and this cache drops them at the next batch's masks: whoever keeps such a graph must
+    keep these too (app/analysis/pass_timing.py)."""
+    return tuple(t for t in _LAST_TREE[1:] if t is not None)
+
+
 _COUNTERS: dict[str, list[torch.Tensor]] = {}
 
 

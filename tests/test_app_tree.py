@@ -118,7 +118,7 @@ def test_cost_caption_calls_a_smaller_slower_tree_noise() -> None:
              VerifyCost(8, 0.100, 0.095, 0.12, 5), VerifyCost(64, 0.200, 0.19, 0.23, 5)]
     assert [(a.nodes, b.nodes) for a, b in cost_inversions(costs)] == [(4, 8)]
     text = cost_caption(costs)
-    assert "median of 5 passes" in text and "8 nodes measured faster than 4 nodes (100 against 184 ms)" in text
+    assert "median of 5 passes" in text and "8 nodes measured faster than 4 nodes (100 ms against 184 ms)" in text
     assert "measured faster" not in cost_caption([costs[0], costs[2], costs[3]])
     one = [VerifyCost(0, 0.08)]
     assert cost_caption(one).startswith("0 nodes cost 1.00×") and "median of 1 pass," in cost_caption(one)

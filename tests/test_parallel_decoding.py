@@ -76,6 +76,7 @@ def test_measured_passes_time_the_real_forward_over_each_row_count(tiny_weights)
     before = engine.pool_summary()
     passes = measure_passes(engine, 48, rows=(1, 4, 16), repeats=2)
     assert [p.rows for p in passes] == [1, 4, 16] and all(p.context == 48 and p.seconds > 0 for p in passes)
+    assert not any(p.graphed for p in passes)  # a CPU pass is timed eagerly (app/analysis/pass_timing.py)
     assert engine.pool_summary() == before and not engine.has_work()  # a scratch pool: the engine's is untouched
     # A long calculator context is cut to what a CPU prefills in seconds, and to the positions the engine has.
     assert measure_passes(engine, 10 ** 6, rows=(1,), repeats=1)[0].context == MEASURE_CONTEXT_MAX

@@ -9,7 +9,6 @@ import json
 import math
 import re
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,8 +23,9 @@ from engine.speculative.tree import DraftTree
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
+from app.analysis.pass_timing import GRAPHED_NOTE, pass_timers
 from app.analysis.speculative import DrafterRun, run_variants
-from app.formatting import plural
+from app.formatting import fmt_duration, plural
 from app.scenarios import Scenario
 
 ROOT = -1  # the root's node id in the graph (the request's last sampled token)
@@ -128,6 +128,7 @@ class VerifyCost:
     fastest: float = math.nan  # the spread of the repeats, drawn as the point's bar
     slowest: float = math.nan
     runs: int = 1  # timed passes behind the median
+    graphed: bool = False  # replayed from a CUDA graph (app/analysis/pass_timing.py), else an eager pass
 
 
 def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (0, 4, 8, 16, 32, 64),
@@ -138,7 +139,8 @@ def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (
 
     The sizes are timed in turn, `repeats` rounds after one warm-up round, and each keeps its median: on a
     shared CPU a burst of load then lands on every size alike, where timing each size's repeats back to back
-    let one burst put 4 nodes at 184 ms above 8 nodes at 100 ms."""
+    let one burst put 4 nodes at 184 ms above 8 nodes at 100 ms. On a GPU each pass is replayed from a CUDA
+    graph (app/analysis/pass_timing.py says why)."""
     repeats = max(repeats, 1)
     cfg, bs = engine.model_config, engine.config.block_size
     n_max = context_len + max(sizes) + 1
@@ -151,13 +153,14 @@ def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (
     times: list[list[float]] = [[] for _ in sizes]
     with torch.inference_mode():
         engine.model.forward(build_forward_batch([(ctx, 0, list(range(context_len)))], [], [], engine.device), pool)
+        timers, graphed = pass_timers(engine, batches, pool)
         for round_ in range(repeats + 1):  # round 0 warms every shape up and is not counted
-            for batch, kept in zip(batches, times):
-                seconds = _timed_pass(engine, batch, pool)
+            for timer, kept in zip(timers, times):
+                seconds = timer()
                 if round_:
                     kept.append(seconds)
             engine.kernels.timer.drain()
-    return [VerifyCost(n, statistics.median(t), min(t), max(t), len(t)) for n, t in zip(sizes, times)]
+    return [VerifyCost(n, statistics.median(t), min(t), max(t), len(t), graphed) for n, t in zip(sizes, times)]
 
 
 def _tree_batch(engine, n: int, context_len: int, table: list[int], gen: torch.Generator):  # noqa: ANN001, ANN202
@@ -170,14 +173,6 @@ def _tree_batch(engine, n: int, context_len: int, table: list[int], gen: torch.G
                                list(range(n + 1)), engine.device, trees)
 
 
-def _timed_pass(engine, batch, pool: KVPool) -> float:  # noqa: ANN001
-    t0 = time.perf_counter()
-    engine.model.forward(batch, pool)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-    return time.perf_counter() - t0
-
-
 def cost_inversions(costs: list[VerifyCost]) -> list[tuple[VerifyCost, VerifyCost]]:
     """Neighbouring sizes where the bigger tree's pass measured faster: noise, since more rows are no less work."""
     return [(a, b) for a, b in zip(costs, costs[1:]) if b.nodes > a.nodes and b.seconds < a.seconds]
@@ -188,18 +183,19 @@ def cost_caption(costs: list[VerifyCost]) -> str:
     big = next((c for c in costs if c.nodes == 64), costs[-1])
     base = costs[0]
     text = (f"{plural(big.nodes, 'node')} cost {big.seconds / base.seconds:.2f}× a 1-row decode pass here "
-            f"({base.seconds * 1e3:.0f} → {big.seconds * 1e3:.0f} ms). Where a decode pass is memory-bound (a GPU "
-            "reading the weights once for every row), extra rows ride along almost free; where the matmuls are "
+            f"({fmt_duration(base.seconds)} → {fmt_duration(big.seconds)}). Where a decode pass is memory-bound (a "
+            "GPU reading the weights once for every row), extra rows ride along almost free; where the matmuls are "
             "compute-bound after a few rows (a CPU core), every node costs time and the tree must earn it back in "
             f"τ. Each point is the median of {plural(base.runs, 'pass', 'passes')}, the sizes timed in turn so that "
-            "a burst of load on this shared CPU falls on all of them; the bars span the fastest to the slowest "
-            "pass. Other work on the machine can still move a point between presses")
+            "a burst of load on this shared machine falls on all of them; the bars span the fastest to the slowest "
+            "pass. " + (GRAPHED_NOTE if base.graphed else "") + "Other work on the machine can still move a point "
+            "between presses")
     flips = cost_inversions(costs)
     if flips:
         a, b = flips[0]
         text += (f": here {plural(b.nodes, 'node')} measured faster than {plural(a.nodes, 'node')} "
-                 f"({b.seconds * 1e3:.0f} against {a.seconds * 1e3:.0f} ms), which is such noise: a pass over more "
-                 "rows does no less work")
+                 f"({fmt_duration(b.seconds)} against {fmt_duration(a.seconds)}), which is such noise: a pass over "
+                 "more rows does no less work")
     return text + ". Measure again to compare."
 
 

@@ -41,7 +41,7 @@ def main() -> None:
     passes = measure_passes(engine, args.context, repeats=args.repeats)
     one = passes[0].seconds
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    how = "each pass replayed from a CUDA graph" if passes[0].graphed else "eager passes"
+    how = f"each pass {passes[0].timing.value}"
     print(f"{name}, {args.weights} weights, {dtype}, {passes[0].context}-token context, "
           f"median of {args.repeats}, {how}")
     print(f"{'rows':>5} {'pass ms':>9} {'x 1 row':>8} " + " ".join(f"{f'{r}/pass tok/s':>13}" for r in PER_PASS))
@@ -54,7 +54,7 @@ def main() -> None:
                      "tokens_per_s": {str(r): v for r, v in tps.items()}})
     out = args.out or f"bench/results/parallel_passes_{args.device}.json"
     write_results_and_out(out, {"device": name, "weights": args.weights, "dtype": dtype,
-                                "context": passes[0].context, "repeats": args.repeats, "graphed": passes[0].graphed,
+                                "context": passes[0].context, "repeats": args.repeats, "timing": passes[0].timing.name,
                                 "command": "python3 " + " ".join(sys.argv), "rows": rows})
 
 

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.analysis.kernel_paths import PATHS
 from app.analysis.parallel_decoding import MEASURED_ROWS
+from app.analysis.pass_timing import PassTiming
 from tests.apptest_helpers import ENGINE_PAGES, assert_clean, new_app, open_page, session_of
 
 pytestmark = pytest.mark.gpu
@@ -85,7 +86,7 @@ def test_roofline_page_measures_the_gpu(gpu_app: AppTest) -> None:
     assert_clean(at)
     passes = at.session_state["page-cache:roofline"]["parallel-passes"]
     assert [p.rows for p in passes] == list(MEASURED_ROWS)
-    assert passes[-1].seconds < 3 * passes[0].seconds and all(p.graphed for p in passes), passes
+    assert passes[-1].seconds < 3 * passes[0].seconds and all(p.timing is PassTiming.GRAPH for p in passes), passes
     assert any("replayed from a CUDA graph" in c.value for c in at.caption)
     assert next(m for m in at.metric if m.label == "Speedup").proto.delta.startswith("measured: ")
 

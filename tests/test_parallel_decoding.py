@@ -14,6 +14,7 @@ from kernels.ceilings import REFERENCE_CEILINGS, Ceilings
 from app.analysis.parallel_decoding import (MEASURE_CONTEXT_MAX, TOKENS_PER_PASS, MeasuredPass,
                                             autoregressive_tokens_per_s, block_pass, compute_bound_block, estimate,
                                             measure_passes, measured_speedup, parallel_tokens_per_s)
+from app.analysis.pass_timing import PassTiming
 from app.charts.parallel_decoding import parallel_decoding_chart
 
 CFG = ModelConfig()
@@ -76,7 +77,7 @@ def test_measured_passes_time_the_real_forward_over_each_row_count(tiny_weights)
     before = engine.pool_summary()
     passes = measure_passes(engine, 48, rows=(1, 4, 16), repeats=2)
     assert [p.rows for p in passes] == [1, 4, 16] and all(p.context == 48 and p.seconds > 0 for p in passes)
-    assert not any(p.graphed for p in passes)  # a CPU pass is timed eagerly (app/analysis/pass_timing.py)
+    assert all(p.timing is PassTiming.EAGER for p in passes)  # a CPU's passes: eager (app/analysis/pass_timing.py)
     assert engine.pool_summary() == before and not engine.has_work()  # a scratch pool: the engine's is untouched
     # A long calculator context is cut to what a CPU prefills in seconds, and to the positions the engine has.
     assert measure_passes(engine, 10 ** 6, rows=(1,), repeats=1)[0].context == MEASURE_CONTEXT_MAX

@@ -11,7 +11,8 @@ from engine.forward_batch import build_forward_batch
 from engine.kv_pool import KVPool
 
 from app.analysis.parallel_decoding import MEASURED_ROWS, measure_passes
-from app.analysis.pass_timing import pass_timers
+from app.analysis.pass_timing import PassTiming, pass_timers, timing_note
+from app.analysis.tree_spec import VerifyCost, cost_caption
 
 
 def _engine_and_batches(weights, device: str, dtype: str, context: int = 64):  # noqa: ANN001, ANN202
@@ -32,8 +33,20 @@ def _engine_and_batches(weights, device: str, dtype: str, context: int = 64):  #
 def test_cpu_passes_are_timed_eagerly(tiny_weights) -> None:  # noqa: ANN001
     engine, batches, pool = _engine_and_batches(tiny_weights, "cpu", "float32")
     with torch.inference_mode():
-        timers, graphed = pass_timers(engine, batches, pool)
-        assert not graphed and len(timers) == 2 and all(t() > 0 for t in timers)
+        timers, timing = pass_timers(engine, batches, pool)
+        assert timing is PassTiming.EAGER and len(timers) == 2 and all(t() > 0 for t in timers)
+
+
+def test_captions_say_how_the_passes_were_timed() -> None:
+    """A CPU's eager passes need no word; graph replays say so; eager passes on a GPU (no graph could be
+    captured while another session held it) warn that the times are mostly Python's launches."""
+    assert timing_note(PassTiming.EAGER) == ""
+    costs = {t: [VerifyCost(0, 0.0006, timing=t), VerifyCost(64, 0.0012, timing=t)] for t in PassTiming}
+    assert "CUDA graph" not in cost_caption(costs[PassTiming.EAGER])
+    assert "replayed from a CUDA graph" in cost_caption(costs[PassTiming.GRAPH])
+    text = cost_caption(costs[PassTiming.EAGER_ON_GPU])
+    assert "no CUDA graph could be captured" in text and "measure again once the GPU is free" in text
+    assert "(0.6 ms → 1.2 ms)" in text  # sub-millisecond passes keep their figures (was "1 → 1 ms")
 
 
 @pytest.mark.gpu
@@ -42,8 +55,8 @@ def test_gpu_passes_replay_cuda_graphs(random_weights) -> None:  # noqa: ANN001
     (the weights are read once for every row), and far below an eager pass's ~400 launches from Python."""
     engine, batches, pool = _engine_and_batches(random_weights, "cuda", "bfloat16")
     with torch.inference_mode():
-        timers, graphed = pass_timers(engine, batches, pool)
-        assert graphed and all(0 < t() < 0.02 for t in timers)
+        timers, timing = pass_timers(engine, batches, pool)
+        assert timing is PassTiming.GRAPH and all(0 < t() < 0.02 for t in timers)
     passes = measure_passes(engine, 512)
-    assert [p.rows for p in passes] == list(MEASURED_ROWS) and all(p.graphed for p in passes)
+    assert [p.rows for p in passes] == list(MEASURED_ROWS) and all(p.timing is PassTiming.GRAPH for p in passes)
     assert passes[-1].seconds < 3 * passes[0].seconds, passes

@@ -16,6 +16,7 @@ from engine.engine import LLMEngine
 from kernels.ceilings import Ceilings
 
 from app.analysis.kv_math import kv_bytes_per_token
+from app.analysis.pass_timing import PassTiming
 from app.analysis.roofline_math import DecodeStep, decode_step, smallest_reaching
 from app.analysis.tree_spec import verify_cost_sweep
 
@@ -93,7 +94,7 @@ class MeasuredPass:
     rows: int
     context: int
     seconds: float
-    graphed: bool = False  # replayed from a CUDA graph (app/analysis/pass_timing.py), else an eager pass
+    timing: PassTiming = PassTiming.EAGER  # app/analysis/pass_timing.py
 
 
 def measure_passes(engine: LLMEngine, context: int, rows: tuple[int, ...] = MEASURED_ROWS,
@@ -106,7 +107,7 @@ def measure_passes(engine: LLMEngine, context: int, rows: tuple[int, ...] = MEAS
         raise ValueError(f"passes of {max(rows)} rows do not fit this engine's {engine.config.max_model_len} positions")
     context = max(1, min(context, MEASURE_CONTEXT_MAX, room))
     costs = verify_cost_sweep(engine, context_len=context, sizes=tuple(r - 1 for r in rows), repeats=repeats)
-    return [MeasuredPass(c.nodes + 1, context, c.seconds, c.graphed) for c in costs]
+    return [MeasuredPass(c.nodes + 1, context, c.seconds, c.timing) for c in costs]
 
 
 def measured_speedup(passes: list[MeasuredPass], block: int, tokens_per_pass: int) -> float | None:

@@ -9,6 +9,7 @@ On a CPU the arithmetic itself dominates, and the wall-clock time of the eager p
 """
 from __future__ import annotations
 
+import enum
 import functools
 import time
 from typing import Callable
@@ -23,19 +24,38 @@ from kernels.graph_capture import capture_graph
 
 PassTimer = Callable[[], float]  # runs the pass once and returns its seconds
 
-# What a caption adds when the passes were replayed from CUDA graphs.
-GRAPHED_NOTE = ("Each pass is replayed from a CUDA graph, as a serving engine runs one: launched one kernel at a "
-                "time from Python, every size took about as long as its ~400 launches, and the chart would show "
-                "that. ")
+
+class PassTiming(enum.Enum):
+    """How a pass was timed."""
+
+    GRAPH = "replayed from a CUDA graph"
+    EAGER = "an eager pass"  # a CPU: the arithmetic is the cost
+    EAGER_ON_GPU = "an eager pass on a GPU"  # no graph could be captured: the time is mostly Python's launches
 
 
-def pass_timers(engine: LLMEngine, batches: list[ForwardBatch], pool: KVPool) -> tuple[list[PassTimer], bool]:
-    """One timer per batch, and whether they replay CUDA graphs (else eager passes on the wall clock). A GPU
-    whose graphs cannot be captured now (another session's long run holds it: GpuBusy; a path that cannot be
-    captured: RuntimeError) falls back to eager timing, which the caller should then say."""
+_NOTES = {
+    PassTiming.GRAPH: ("Each pass is replayed from a CUDA graph, as a serving engine runs one: launched one kernel "
+                       "at a time from Python, every size took about as long as its ~400 launches, and the chart "
+                       "would show that."),
+    PassTiming.EAGER_ON_GPU: ("These passes ran one kernel at a time from Python: another session's long run held the "
+                              "GPU, so no CUDA graph could be captured. Each time is then mostly the ~400 launches, "
+                              "which hide what the rows cost; measure again once the GPU is free."),
+}
+
+
+def timing_note(timing: PassTiming) -> str:
+    """The sentence a caption adds about how its passes were timed ("" for eager passes on a CPU)."""
+    return _NOTES.get(timing, "")
+
+
+def pass_timers(engine: LLMEngine, batches: list[ForwardBatch],
+                pool: KVPool) -> tuple[list[PassTimer], PassTiming]:
+    """One timer per batch, and how they time: CUDA graph replays on a GPU, eager passes on the wall clock on a
+    CPU. A GPU whose graphs cannot be captured now (another session's long run holds it: GpuBusy; a path that
+    cannot be captured: RuntimeError) falls back to eager passes, which `timing_note` then says."""
     eager = [functools.partial(_eager_seconds, engine, b, pool) for b in batches]
     if engine.device.type != "cuda":
-        return eager, False
+        return eager, PassTiming.EAGER
     from kernels.paged_attention_triton import last_tree_mask_buffers  # Triton: only where there is a GPU
 
     timers = []
@@ -51,8 +71,8 @@ def pass_timers(engine: LLMEngine, batches: list[ForwardBatch], pool: KVPool) ->
             keep = (batch, pool, last_tree_mask_buffers() if batch.tree_masks else ())
             timers.append(functools.partial(_replay_seconds, graph, keep))
     except (GpuBusy, RuntimeError):
-        return eager, False
-    return timers, True
+        return eager, PassTiming.EAGER_ON_GPU
+    return timers, PassTiming.GRAPH
 
 
 def _eager_seconds(engine: LLMEngine, batch: ForwardBatch, pool: KVPool) -> float:

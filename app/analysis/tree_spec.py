@@ -23,7 +23,7 @@ from engine.speculative.tree import DraftTree
 from engine.trace import StepRecord
 from engine.weights import LoadedWeights
 
-from app.analysis.pass_timing import GRAPHED_NOTE, pass_timers
+from app.analysis.pass_timing import PassTiming, pass_timers, timing_note
 from app.analysis.speculative import DrafterRun, run_variants
 from app.formatting import fmt_duration, plural
 from app.scenarios import Scenario
@@ -128,7 +128,7 @@ class VerifyCost:
     fastest: float = math.nan  # the spread of the repeats, drawn as the point's bar
     slowest: float = math.nan
     runs: int = 1  # timed passes behind the median
-    graphed: bool = False  # replayed from a CUDA graph (app/analysis/pass_timing.py), else an eager pass
+    timing: PassTiming = PassTiming.EAGER  # app/analysis/pass_timing.py
 
 
 def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (0, 4, 8, 16, 32, 64),
@@ -153,14 +153,14 @@ def verify_cost_sweep(engine, context_len: int = 128, sizes: tuple[int, ...] = (
     times: list[list[float]] = [[] for _ in sizes]
     with torch.inference_mode():
         engine.model.forward(build_forward_batch([(ctx, 0, list(range(context_len)))], [], [], engine.device), pool)
-        timers, graphed = pass_timers(engine, batches, pool)
+        timers, timing = pass_timers(engine, batches, pool)
         for round_ in range(repeats + 1):  # round 0 warms every shape up and is not counted
             for timer, kept in zip(timers, times):
                 seconds = timer()
                 if round_:
                     kept.append(seconds)
             engine.kernels.timer.drain()
-    return [VerifyCost(n, statistics.median(t), min(t), max(t), len(t), graphed) for n, t in zip(sizes, times)]
+    return [VerifyCost(n, statistics.median(t), min(t), max(t), len(t), timing) for n, t in zip(sizes, times)]
 
 
 def _tree_batch(engine, n: int, context_len: int, table: list[int], gen: torch.Generator):  # noqa: ANN001, ANN202
@@ -182,14 +182,15 @@ def cost_caption(costs: list[VerifyCost]) -> str:
     """What the cost chart measured, and how far to trust it on a shared CPU."""
     big = next((c for c in costs if c.nodes == 64), costs[-1])
     base = costs[0]
+    how = timing_note(base.timing)
     text = (f"{plural(big.nodes, 'node')} cost {big.seconds / base.seconds:.2f}× a 1-row decode pass here "
             f"({fmt_duration(base.seconds)} → {fmt_duration(big.seconds)}). Where a decode pass is memory-bound (a "
             "GPU reading the weights once for every row), extra rows ride along almost free; where the matmuls are "
             "compute-bound after a few rows (a CPU core), every node costs time and the tree must earn it back in "
             f"τ. Each point is the median of {plural(base.runs, 'pass', 'passes')}, the sizes timed in turn so that "
             "a burst of load on this shared machine falls on all of them; the bars span the fastest to the slowest "
-            "pass. " + (GRAPHED_NOTE if base.graphed else "") + "Other work on the machine can still move a point "
-            "between presses")
+            "pass. " + (f"{how} " if how else "") + "Other work on the machine can still move a point between "
+            "presses")
     flips = cost_inversions(costs)
     if flips:
         a, b = flips[0]

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app.analysis.parallel_decoding import (BLOCKS, TOKENS_PER_PASS, compute_bound_block, estimate, measure_passes,
                                             measured_speedup)
-from app.analysis.pass_timing import GRAPHED_NOTE
+from app.analysis.pass_timing import timing_note
 from app.charts.parallel_decoding import parallel_decoding_chart
 from app.formatting import fmt_duration
 from app.sections.roofline import CalculatorChoice
@@ -64,11 +64,12 @@ def parallel_decoding_section(session: EngineSession, choice: CalculatorChoice, 
                  f"nearly free and tokens per pass is the speedup; above it, a pass costs more with every row.")
     if measured:
         one, most = measured[0], measured[-1]
+        how = timing_note(one.timing)
         timed = (f" Measured here ({measured[0].context:,}-token context, the median of 3 passes each): one row "
                  f"{fmt_duration(one.seconds)}, {most.rows} rows {fmt_duration(most.seconds)} "
                  f"({most.seconds / one.seconds:.2g}× the time for {most.rows}× the rows); the black crosses are "
                  f"{per_pass} token{'s' if per_pass > 1 else ''} per pass at those times."
-                 + (" " + GRAPHED_NOTE.rstrip() if one.graphed else ""))
+                 + (f" {how}" if how else ""))
     else:
         timed = (" The premise can be measured on this server's model: the button times real forward passes over 1 "
                  "to 128 rows (the tree speculation pages' verification pass).")

@@ -37,9 +37,9 @@ _NOTES = {
     PassTiming.GRAPH: ("Each pass is replayed from a CUDA graph, as a serving engine runs one: launched one kernel "
                        "at a time from Python, every size took about as long as its ~400 launches, and the chart "
                        "would show that."),
-    PassTiming.EAGER_ON_GPU: ("These passes ran one kernel at a time from Python: another session's long run held the "
-                              "GPU, so no CUDA graph could be captured. Each time is then mostly the ~400 launches, "
-                              "which hide what the rows cost; measure again once the GPU is free."),
+    PassTiming.EAGER_ON_GPU: ("These passes ran one kernel at a time from Python: no CUDA graph could be captured "
+                              "(another session's long run may hold the GPU). Each time is then mostly the ~400 "
+                              "launches, which hide what the rows cost; measure again once the GPU is free."),
 }
 
 

@@ -183,8 +183,8 @@ def verify_cost_figure(costs: list[VerifyCost], plain_seconds: float | None = No
                     error_y=error,
                     customdata=[[plural(c.nodes, "node"), c.seconds / base if base else math.nan, c.fastest * 1e3,
                                  c.slowest * 1e3] for c in costs],
-                    hovertemplate="%{customdata[0]}: median %{y:.1f} ms (%{customdata[1]:.2f}× a 1-row decode)"
-                                  + ("<br>fastest %{customdata[2]:.1f}, slowest %{customdata[3]:.1f} ms" if spread
+                    hovertemplate="%{customdata[0]}: median %{y:.3g} ms (%{customdata[1]:.2f}× a 1-row decode)"
+                                  + ("<br>fastest %{customdata[2]:.3g}, slowest %{customdata[3]:.3g} ms" if spread
                                      else "") + "<extra></extra>",
                     row=1, col=1)
     fig.update_xaxes(title_text="tree nodes (rows = nodes + 1)", row=1, col=1)

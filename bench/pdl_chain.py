@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,26 +78,37 @@ def single_projections(dtype: torch.dtype) -> list[dict]:
     return rows
 
 
+def random_layers(rand: Callable[..., torch.Tensor]) -> list[dict]:
+    """30 layers' norm scales and projection weights of SmolLM2's shapes, from `rand(*shape)`."""
+    return [dict(n1=1 + rand(576), qkv=rand(960, 576), o=rand(576, 576), n2=1 + rand(576),
+                 gu=rand(3072, 576), down=rand(576, 1536)) for _ in range(LAYERS)]
+
+
+def decoder_chain(layers: list[dict], h0: torch.Tensor, r0: torch.Tensor, mode: str) -> torch.Tensor:
+    """The non-attention part of the layers on rows h0 (residual r0): projections by cuBLAS ("cublas") or the
+    Triton GEMV ("gemv"), or every kernel PDL-launched ("gemv+pdl"). Shared with bench/small_m_chain.py."""
+    pdl = mode == "gemv+pdl"
+    lin = F.linear if mode == "cublas" else (lambda x, w: gemv_triton(x, w, pdl=pdl))
+    h, res = h0, r0
+    for L in layers:
+        x, res = rmsnorm_triton(h, L["n1"], 1e-5, res, pdl=pdl)
+        qkv = lin(x, L["qkv"])
+        attn = qkv[:, :576]  # stands in for RoPE + attention (not part of this comparison)
+        o = lin(attn, L["o"])
+        x, res = rmsnorm_triton(o, L["n2"], 1e-5, res, pdl=pdl)
+        h = lin(silu_mul_triton(lin(x, L["gu"]), pdl=pdl), L["down"])
+    return h
+
+
 def layer_chain(dtype: torch.dtype) -> list[dict]:
     def rand(*shape):
         return torch.randn(*shape, device="cuda", dtype=dtype) * 0.05
 
-    layers = [dict(n1=1 + rand(576), qkv=rand(960, 576), o=rand(576, 576), n2=1 + rand(576),
-                   gu=rand(3072, 576), down=rand(576, 1536)) for _ in range(LAYERS)]
+    layers = random_layers(rand)
     h0, r0 = rand(1, 576), rand(1, 576)
 
     def run(mode: str):
-        pdl = mode == "gemv+pdl"
-        lin = (lambda x, w: F.linear(x, w)) if mode == "cublas" else (lambda x, w: gemv_triton(x, w, pdl=pdl))
-        h, res = h0, r0
-        for L in layers:
-            x, res = rmsnorm_triton(h, L["n1"], 1e-5, res, pdl=pdl)
-            qkv = lin(x, L["qkv"])
-            attn = qkv[:, :576]  # stands in for RoPE + attention (not part of this comparison)
-            o = lin(attn, L["o"])
-            x, res = rmsnorm_triton(o, L["n2"], 1e-5, res, pdl=pdl)
-            h = lin(silu_mul_triton(lin(x, L["gu"]), pdl=pdl), L["down"])
-        return h
+        return decoder_chain(layers, h0, r0, mode)
 
     outs = {m: run(m) for m in ("cublas", "gemv", "gemv+pdl")}
     rows = []

@@ -1,11 +1,11 @@
 """Where should a decode step's projections leave our Triton GEMV for cuBLAS? (GPU)
 
 The GEMV (kernels/gemv_triton.py) holds a program's weight slab in registers and multiplies every row
-against it; cuBLAS tiles M. This times the non-attention part of 30
-decoder layers (bench/pdl_chain.py's chain: RMSNorm + residual, QKV, O, RMSNorm + residual, gate_up,
-SiLU-mul, down) replayed from a CUDA graph as the engine's decode step is, at M = 1 to 16 rows, with
-cuBLAS projections and with the GEMV (PDL on, as in the engine's graphs). The GEMV is timed past the
-engine's MAX_M too, to show where the two cross.
+against it; cuBLAS tiles M. This times the non-attention part of 30 decoder layers (bench/pdl_chain.py's
+`decoder_chain`: RMSNorm + residual, QKV, O, RMSNorm + residual, gate_up, SiLU-mul, down) replayed from a
+CUDA graph as the engine's decode step is, at M = 1 to 32 rows, with cuBLAS projections and with the GEMV
+(PDL on, as in the engine's graphs). The GEMV is timed past the engine's MAX_M too, to show where the two
+cross.
 
 `python3 bench/small_m_chain.py --out bench/results/small_m_chain_<gpu>.json`
 """
@@ -18,28 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from bench.pdl_chain import LAYERS, graph_time_us  # noqa: E402
+from bench.pdl_chain import LAYERS, decoder_chain, graph_time_us, random_layers  # noqa: E402
 from bench.results_io import default_results_path, write_results_and_out  # noqa: E402
 import kernels.gemv_triton as gemv_module  # noqa: E402
-from kernels.gemv_triton import gemv_triton  # noqa: E402
-from kernels.rmsnorm_triton import rmsnorm_triton  # noqa: E402
-from kernels.silu_mul_triton import silu_mul_triton  # noqa: E402
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
-
-
-def chain(layers: list[dict], h0: torch.Tensor, r0: torch.Tensor, mode: str) -> torch.Tensor:
-    gemv = mode == "gemv+pdl"
-    lin = (lambda x, w: gemv_triton(x, w, pdl=True)) if gemv else F.linear
-    h, res = h0, r0
-    for L in layers:
-        x, res = rmsnorm_triton(h, L["n1"], 1e-5, res, pdl=gemv)
-        attn = lin(x, L["qkv"])[:, :576]  # stands in for RoPE + attention (not part of this comparison)
-        x, res = rmsnorm_triton(lin(attn, L["o"]), L["n2"], 1e-5, res, pdl=gemv)
-        h = lin(silu_mul_triton(lin(x, L["gu"]), pdl=gemv), L["down"])
-    return h
 
 
 def main() -> None:
@@ -52,8 +36,7 @@ def main() -> None:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen) * 0.05
 
-    layers = [dict(n1=1 + rand(576), qkv=rand(960, 576), o=rand(576, 576), n2=1 + rand(576),
-                   gu=rand(3072, 576), down=rand(576, 1536)) for _ in range(LAYERS)]
+    layers = random_layers(rand)
     name = torch.cuda.get_device_name()
     print(f"{name}: 30 layers' norms and projections, one CUDA graph, us per replay")
     engine_max_m = gemv_module.MAX_M
@@ -62,10 +45,10 @@ def main() -> None:
     rows = []
     for m in ROWS:
         h0, r0 = rand(m, 576), rand(m, 576)
-        row = {"rows": m, "cublas_us": graph_time_us(lambda: chain(layers, h0, r0, "cublas"))}
-        row["gemv_pdl_us"] = g = graph_time_us(lambda: chain(layers, h0, r0, "gemv+pdl"))
-        ref = chain(layers, h0, r0, "cublas").float()
-        row["rel_err"] = float((chain(layers, h0, r0, "gemv+pdl").float() - ref).abs().max() / ref.abs().max())
+        row = {"rows": m, "cublas_us": graph_time_us(lambda: decoder_chain(layers, h0, r0, "cublas"))}
+        row["gemv_pdl_us"] = g = graph_time_us(lambda: decoder_chain(layers, h0, r0, "gemv+pdl"))
+        ref = decoder_chain(layers, h0, r0, "cublas").float()
+        row["rel_err"] = float((decoder_chain(layers, h0, r0, "gemv+pdl").float() - ref).abs().max() / ref.abs().max())
         print(f"{m:>5} {row['cublas_us']:>9.1f} {g:>9.1f} {g / row['cublas_us']:>11.2f}x", flush=True)
         rows.append(row)
     out = args.out or default_results_path("small_m_chain", name)

@@ -85,6 +85,7 @@ def compute_bound_block(cfg: ModelConfig, c: Ceilings, context: int, elem: int, 
 
 MEASURED_ROWS = (1, 4, 8, 16, 32, 64, 128)  # rows of the timed passes (a one-row pass is a decode step)
 MEASURE_CONTEXT_MAX = 2048  # cached tokens at most in front of them (a CPU prefills the context first)
+MEASURE_REPEATS = 3  # timed passes per row count, the median kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class MeasuredPass:
 
 
 def measure_passes(engine: LLMEngine, context: int, rows: tuple[int, ...] = MEASURED_ROWS,
-                   repeats: int = 3) -> list[MeasuredPass]:
+                   repeats: int = MEASURE_REPEATS) -> list[MeasuredPass]:
     """Time real forward passes over each row count in a scratch KV pool (the engine's own requests untouched):
     the tree speculation pages' verification pass with rows - 1 nodes, the sizes in turn so load falls on all.
     The context is cut to MEASURE_CONTEXT_MAX and to what the engine's positions reach (its max_model_len)."""

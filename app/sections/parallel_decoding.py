@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.analysis.parallel_decoding import (BLOCKS, TOKENS_PER_PASS, compute_bound_block, estimate, measure_passes,
-                                            measured_speedup)
+from app.analysis.parallel_decoding import (BLOCKS, MEASURE_REPEATS, TOKENS_PER_PASS, compute_bound_block, estimate,
+                                            measure_passes, measured_speedup)
 from app.analysis.pass_timing import timing_note
 from app.charts.parallel_decoding import parallel_decoding_chart
 from app.formatting import fmt_duration
@@ -65,8 +65,8 @@ def parallel_decoding_section(session: EngineSession, choice: CalculatorChoice, 
     if measured:
         one, most = measured[0], measured[-1]
         how = timing_note(one.timing)
-        timed = (f" Measured here ({measured[0].context:,}-token context, the median of 3 passes each): one row "
-                 f"{fmt_duration(one.seconds)}, {most.rows} rows {fmt_duration(most.seconds)} "
+        timed = (f" Measured here ({one.context:,}-token context, the median of {MEASURE_REPEATS} passes each): one "
+                 f"row {fmt_duration(one.seconds)}, {most.rows} rows {fmt_duration(most.seconds)} "
                  f"({most.seconds / one.seconds:.2g}× the time for {most.rows}× the rows); the black crosses are "
                  f"{per_pass} token{'s' if per_pass > 1 else ''} per pass at those times."
                  + (f" {how}" if how else ""))
